@@ -1,0 +1,383 @@
+"""The estimator shared by the regressor and the classifier: validate, initialise, loop."""
+
+from __future__ import annotations
+
+import logging
+import numbers
+import warnings
+
+import numpy as np
+import onnx
+import onnxruntime
+from sklearn.base import BaseEstimator
+from sklearn.exceptions import ConvergenceWarning, DataConversionWarning
+from sklearn.model_selection import train_test_split
+from sklearn.utils import check_random_state, gen_batches, shuffle
+from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
+from sklearn.utils.validation import _check_sample_weight, check_is_fitted, validate_data
+
+from .engine import TrainingEngine, session_options
+from .losses import BaseLoss, get_loss
+from .optim import BaseOptimizer, LearningRateSchedule, get_optimizer
+from .ortgrad import device_to_providers
+from .templates import (
+    ConvertedTemplate,
+    check_trainable,
+    convert_template,
+    final_estimator,
+    prepare_template,
+)
+
+logger = logging.getLogger("onnxgrad_sklearn")
+
+
+class BaseOrtGradient(BaseEstimator):
+    """Common parameters, fit loop and ONNX export of the estimators."""
+
+    _parameter_constraints: dict = {
+        "estimator": [HasMethods(["fit", "predict"]), None],
+        "loss": [StrOptions(set()), BaseLoss],
+        "optimizer": [StrOptions({"sgd", "momentum", "nesterov", "adam"}), BaseOptimizer],
+        "learning_rate": [StrOptions({"constant", "invscaling", "adaptive"})],
+        "learning_rate_init": [Interval(numbers.Real, 0, None, closed="neither")],
+        "power_t": [Interval(numbers.Real, 0, None, closed="left")],
+        "alpha": [Interval(numbers.Real, 0, None, closed="left")],
+        "l1_ratio": [Interval(numbers.Real, 0, 1, closed="both")],
+        "batch_size": [StrOptions({"auto"}), Interval(numbers.Integral, 1, None, closed="left")],
+        "max_iter": [Interval(numbers.Integral, 1, None, closed="left")],
+        "shuffle": ["boolean"],
+        "random_state": ["random_state"],
+        "tol": [Interval(numbers.Real, 0, None, closed="left")],
+        "n_iter_no_change": [Interval(numbers.Integral, 1, None, closed="left")],
+        "early_stopping": ["boolean"],
+        "validation_fraction": [Interval(numbers.Real, 0, 1, closed="neither")],
+        "warm_start": ["boolean"],
+        "verbose": ["verbose"],
+        "device": [str],
+    }
+
+    def __init__(
+        self,
+        estimator=None,
+        *,
+        loss="squared_error",
+        optimizer="sgd",
+        learning_rate="constant",
+        learning_rate_init=0.001,
+        power_t=0.5,
+        alpha=0.0001,
+        l1_ratio=0.0,
+        batch_size="auto",
+        max_iter=200,
+        shuffle=True,
+        random_state=None,
+        tol=1e-4,
+        n_iter_no_change=10,
+        early_stopping=False,
+        validation_fraction=0.1,
+        warm_start=False,
+        verbose=0,
+        device="cpu",
+    ):
+        self.estimator = estimator
+        self.loss = loss
+        self.optimizer = optimizer
+        self.learning_rate = learning_rate
+        self.learning_rate_init = learning_rate_init
+        self.power_t = power_t
+        self.alpha = alpha
+        self.l1_ratio = l1_ratio
+        self.batch_size = batch_size
+        self.max_iter = max_iter
+        self.shuffle = shuffle
+        self.random_state = random_state
+        self.tol = tol
+        self.n_iter_no_change = n_iter_no_change
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.warm_start = warm_start
+        self.verbose = verbose
+        self.device = device
+
+    # hooks for subclasses ------------------------------------------------
+    def _default_estimator(self):
+        raise NotImplementedError
+
+    def _validate_targets(self, y, first_call):
+        """Return float32 targets of shape (n_samples, n_outputs)."""
+        raise NotImplementedError
+
+    def _score_validation(self, X, y, sample_weight, prediction):
+        raise NotImplementedError
+
+    # pickling ------------------------------------------------------------
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        engine = state.pop("_engine", None)
+        state.pop("_session", None)
+        if engine is not None:
+            state["_optimizer_state"] = engine.get_state()
+        return state
+
+    # fit ------------------------------------------------------------------
+    def _template(self):
+        return self._default_estimator() if self.estimator is None else self.estimator
+
+    def _fit(self, X, y, sample_weight=None, incremental=False):
+        first_call = not (
+            (self.warm_start or incremental) and hasattr(self, "_converted")
+        )
+        X, y = validate_data(
+            self,
+            X,
+            y,
+            reset=first_call,
+            multi_output=True,
+            dtype=[np.float32, np.float64],
+            y_numeric=False,
+        )
+        if y.ndim == 2 and y.shape[1] == 1:
+            warnings.warn(
+                "A column-vector y was passed when a 1d array was expected. Please "
+                "change the shape of y to (n_samples,), for example using ravel().",
+                DataConversionWarning,
+                stacklevel=3,
+            )
+            y = y.ravel()
+        X = np.ascontiguousarray(X, dtype=np.float32)
+        y2d = self._validate_targets(y, first_call)
+        sample_weight = _check_sample_weight(sample_weight, X, dtype=np.float32)
+        providers, _ = device_to_providers(self.device)
+        loss = get_loss(self.loss)
+        optimizer = get_optimizer(self.optimizer)
+
+        if first_call:
+            self._initialize(X, y2d)
+        elif y2d.shape[1] != self.n_outputs_:
+            raise ValueError(
+                f"y has {y2d.shape[1]} outputs, the estimator was fitted with {self.n_outputs_}."
+            )
+        engine = self._get_engine(loss, optimizer, reset=not incremental)
+        try:
+            self._run_epochs(engine, X, y2d, sample_weight, incremental)
+        finally:
+            self._store_weights(engine.get_weights())
+        return self
+
+    def _initialize(self, X, y2d):
+        template = self._template()
+        check_trainable(template)
+        self._random_state = check_random_state(self.random_state)
+        est, fine_tuned = prepare_template(template, X, y2d, self._random_state)
+        self._converted: ConvertedTemplate = convert_template(est, X.shape[1])
+        self.estimator_ = est
+        self.n_outputs_ = y2d.shape[1]
+        final = final_estimator(est)
+        self.t_ = int(getattr(final, "t_", 0)) if fine_tuned else 0
+        self.n_iter_ = 0
+        self.loss_curve_ = []
+        self._no_improvement_count = 0
+        if self.early_stopping:
+            self.validation_scores_ = []
+            self.best_validation_score_ = -np.inf
+            self.best_loss_ = None
+        else:
+            self.validation_scores_ = None
+            self.best_validation_score_ = None
+            self.best_loss_ = np.inf
+        self._engine_key = None
+        self.__dict__.pop("_engine", None)
+        self.__dict__.pop("_optimizer_state", None)
+        self.__dict__.pop("_session", None)
+        logger.info(
+            "%s %s: %d trained tensors (%s)",
+            "fine-tuning" if fine_tuned else "training",
+            type(final).__name__,
+            sum(p.trainable for p in self._converted.params),
+            ", ".join(p.label for p in self._converted.params if p.trainable),
+        )
+
+    def _trained_indices(self):
+        return [k for k, p in enumerate(self._converted.params) if p.trainable]
+
+    def _get_engine(self, loss, optimizer, reset):
+        key = (repr(loss), repr(optimizer), self.alpha, self.l1_ratio, self.device)
+        engine = self.__dict__.get("_engine")
+        conv = self._converted
+        idx = self._trained_indices()
+        if engine is None or key != self._engine_key:
+            names = [conv.initializer_names[k] for k in idx]
+            penalized = [conv.initializer_names[k] for k in idx if conv.params[k].penalized]
+            engine = TrainingEngine(
+                conv.model,
+                conv.output_name,
+                names,
+                penalized,
+                self.n_outputs_,
+                loss,
+                optimizer,
+                alpha=self.alpha,
+                l1_ratio=self.l1_ratio,
+                device=self.device,
+            )
+            self._engine = engine
+            self._engine_key = key
+            saved = self.__dict__.pop("_optimizer_state", None)
+            if saved is not None and not reset:
+                engine.set_state(saved)
+        elif reset:
+            engine.reset_optimizer()
+        if reset:
+            self._schedule = LearningRateSchedule(
+                self.learning_rate, self.learning_rate_init, self.power_t
+            )
+        return engine
+
+    def _batch_size(self, n_samples):
+        if self.batch_size == "auto":
+            return min(200, n_samples)
+        if self.batch_size > n_samples:
+            warnings.warn(
+                "Got `batch_size` less than 1 or larger than sample size. It is going "
+                "to be clipped",
+                stacklevel=4,
+            )
+        return int(np.clip(self.batch_size, 1, n_samples))
+
+    def _run_epochs(self, engine: TrainingEngine, X, y2d, sample_weight, incremental):
+        rng = self._random_state
+        early_stopping = self.early_stopping and not incremental
+        if self.early_stopping and incremental:
+            raise ValueError("partial_fit does not support early_stopping=True")
+        if early_stopping:
+            X, X_val, y2d, y_val, sample_weight, sw_val = train_test_split(
+                X, y2d, sample_weight, random_state=rng, test_size=self.validation_fraction
+            )
+            if X_val.shape[0] < 2:
+                raise ValueError(
+                    "The validation set is too small. Increase 'validation_fraction' "
+                    "or the size of your dataset."
+                )
+            X = np.ascontiguousarray(X)
+            best_weights = engine.get_weights()
+        n_samples = X.shape[0]
+        batch_size = self._batch_size(n_samples)
+        sample_idx = np.arange(n_samples)
+        max_iter = 1 if incremental else self.max_iter
+        bar = _progress(self.verbose, max_iter, type(self).__name__)
+        self.n_iter_ = self.n_iter_ if incremental else 0
+        try:
+            for _ in range(max_iter):
+                if self.shuffle:
+                    sample_idx = shuffle(sample_idx, random_state=rng)
+                    Xe, ye, we = X[sample_idx], y2d[sample_idx], sample_weight[sample_idx]
+                else:
+                    Xe, ye, we = X, y2d, sample_weight
+                accumulated = 0.0
+                lr = self._schedule.learning_rate
+                for batch in gen_batches(n_samples, batch_size):
+                    batch_loss = engine.train_batch(Xe[batch], ye[batch], we[batch], lr)
+                    accumulated += batch_loss * (batch.stop - batch.start)
+                self.n_iter_ += 1
+                self.loss_ = accumulated / n_samples
+                self.t_ += n_samples
+                self.loss_curve_.append(self.loss_)
+                if early_stopping:
+                    score = self._score_validation(X_val, y_val, sw_val, engine.predict(X_val))
+                    self.validation_scores_.append(score)
+                    if score < self.best_validation_score_ + self.tol:
+                        self._no_improvement_count += 1
+                    else:
+                        self._no_improvement_count = 0
+                    if score > self.best_validation_score_:
+                        self.best_validation_score_ = score
+                        best_weights = engine.get_weights()
+                else:
+                    if self.loss_ > self.best_loss_ - self.tol:
+                        self._no_improvement_count += 1
+                    else:
+                        self._no_improvement_count = 0
+                    if self.loss_ < self.best_loss_:
+                        self.best_loss_ = self.loss_
+                logger.info("Iteration %d, loss = %.8f", self.n_iter_, self.loss_)
+                if bar is not None:
+                    post = {"loss": f"{self.loss_:.6g}"}
+                    if early_stopping:
+                        post["val"] = f"{self.validation_scores_[-1]:.4g}"
+                    bar.set_postfix(post)
+                    bar.update(1)
+                self._schedule.iteration_ends(self.t_)
+                if self._no_improvement_count > self.n_iter_no_change:
+                    what = "Validation score" if early_stopping else "Training loss"
+                    msg = (
+                        f"{what} did not improve more than tol={self.tol:f} for "
+                        f"{self.n_iter_no_change} consecutive epochs."
+                    )
+                    if self._schedule.trigger_stopping(msg):
+                        break
+                    self._no_improvement_count = 0
+                if incremental:
+                    break
+                if self.n_iter_ == self.max_iter:
+                    warnings.warn(
+                        f"Stochastic Optimizer: Maximum iterations ({self.max_iter}) "
+                        "reached and the optimization hasn't converged yet.",
+                        ConvergenceWarning,
+                        stacklevel=4,
+                    )
+        finally:
+            if bar is not None:
+                bar.close()
+        if early_stopping:
+            engine.set_weights(best_weights)
+
+    def _store_weights(self, trained):
+        conv = self._converted
+        values = conv.initializer_values()
+        for k, w in zip(self._trained_indices(), trained):
+            values[k] = w
+        conv.model = conv.with_values(values)
+        conv.write_back(final_estimator(self.estimator_), values)
+        self.__dict__.pop("_session", None)
+
+    # inference ------------------------------------------------------------
+    def __sklearn_is_fitted__(self):
+        return hasattr(self, "_converted")
+
+    def to_onnx(self) -> onnx.ModelProto:
+        """Return the trained model as ONNX.
+
+        Returns
+        -------
+        onnx.ModelProto
+            The graph skl2onnx gives for the template (input ``X``, float32)
+            with the trained weights in its initializers.
+        """
+        check_is_fitted(self)
+        model = onnx.ModelProto()
+        model.CopyFrom(self._converted.model)
+        return model
+
+    def _run_onnx(self, X):
+        check_is_fitted(self)
+        X = validate_data(self, X, reset=False, dtype=[np.float32, np.float64])
+        X = np.ascontiguousarray(X, dtype=np.float32)
+        session = self.__dict__.get("_session")
+        if session is None:
+            providers, _ = device_to_providers(self.device)
+            session = onnxruntime.InferenceSession(
+                self._converted.model.SerializeToString(),
+                sess_options=session_options(),
+                providers=providers,
+            )
+            self._session = session
+        names = [o.name for o in session.get_outputs()]
+        return dict(zip(names, session.run(None, {session.get_inputs()[0].name: X})))
+
+
+def _progress(verbose, total, desc):
+    if not verbose:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="epoch", leave=True)

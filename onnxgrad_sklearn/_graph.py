@@ -1,0 +1,141 @@
+"""A small helper to write ONNX graphs node by node.
+
+Losses, penalties and optimizers are written with :class:`GraphBuilder`: each
+call adds one node and returns the name of its output, so an update rule reads
+like the formula it implements::
+
+    g = GraphBuilder()
+    v = g.sub(g.mul(momentum, velocity), g.mul(lr, grad))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from .ortgrad import MAX_IR_VERSION, MAX_OPSET
+
+__all__ = ["GraphBuilder"]
+
+
+class GraphBuilder:
+    """Collect nodes and constants of an ONNX graph under a name prefix.
+
+    Parameters
+    ----------
+    prefix : str, default="g"
+        Prefix of every name the builder creates, so that several builders can
+        write into one graph without clashes.
+    """
+
+    def __init__(self, prefix: str = "g"):
+        self.prefix = prefix
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self._count = 0
+        self._constants: dict[tuple, str] = {}
+
+    def unique(self, hint: str = "t") -> str:
+        """Return a new name that no other call of this builder returns."""
+        self._count += 1
+        return f"{self.prefix}_{hint}_{self._count}"
+
+    def op(self, op_type: str, *inputs: str, n_outputs: int = 1, **attrs):
+        """Add a node and return its output name (a tuple if ``n_outputs > 1``).
+
+        Parameters
+        ----------
+        op_type : str
+            ONNX operator (default domain).
+        *inputs : str
+            Names of the inputs.
+        n_outputs : int, default=1
+            Number of outputs.
+        **attrs
+            Node attributes.
+        """
+        outputs = [self.unique(op_type.lower()) for _ in range(n_outputs)]
+        node = helper.make_node(
+            op_type, list(inputs), outputs, name=self.unique("n_" + op_type), **attrs
+        )
+        self.nodes.append(node)
+        return outputs[0] if n_outputs == 1 else tuple(outputs)
+
+    def const(self, value, dtype=np.float32) -> str:
+        """Return the name of a constant initializer holding ``value``.
+
+        Equal constants are created once.
+        """
+        array = np.asarray(value, dtype=dtype)
+        key = (array.dtype.str, array.shape, array.tobytes())
+        if key not in self._constants:
+            name = self.unique("c")
+            self.initializers.append(numpy_helper.from_array(array, name))
+            self._constants[key] = name
+        return self._constants[key]
+
+    # Shorthands for the element-wise operators the losses and optimizers use.
+    def add(self, a: str, b: str) -> str:
+        """Return ``a + b``."""
+        return self.op("Add", a, b)
+
+    def sub(self, a: str, b: str) -> str:
+        """Return ``a - b``."""
+        return self.op("Sub", a, b)
+
+    def mul(self, a: str, b: str) -> str:
+        """Return ``a * b``."""
+        return self.op("Mul", a, b)
+
+    def div(self, a: str, b: str) -> str:
+        """Return ``a / b``."""
+        return self.op("Div", a, b)
+
+    def neg(self, a: str) -> str:
+        """Return ``-a``."""
+        return self.op("Neg", a)
+
+    def relu(self, a: str) -> str:
+        """Return ``max(a, 0)``."""
+        return self.op("Relu", a)
+
+    def abs(self, a: str) -> str:
+        """Return ``|a|`` as ``relu(a) + relu(-a)`` (its gradient is 0 at 0)."""
+        return self.add(self.relu(a), self.relu(self.neg(a)))
+
+    def sqrt(self, a: str) -> str:
+        """Return the square root of ``a``."""
+        return self.op("Sqrt", a)
+
+    def sum(self, a: str, axes: Sequence[int] | None = None, keepdims: int = 0) -> str:
+        """Return the sum of ``a`` over ``axes`` (all axes when None)."""
+        if axes is None:
+            return self.op("ReduceSum", a, keepdims=keepdims)
+        return self.op("ReduceSum", a, self.const(list(axes), np.int64), keepdims=keepdims)
+
+    def identity(self, a: str, name: str) -> str:
+        """Copy ``a`` into a tensor called ``name`` (to name a graph output)."""
+        self.nodes.append(helper.make_node("Identity", [a], [name], name=self.unique("n_id")))
+        return name
+
+    def make_model(
+        self,
+        inputs: Sequence[onnx.ValueInfoProto],
+        outputs: Sequence[onnx.ValueInfoProto],
+        name: str = "graph",
+    ) -> onnx.ModelProto:
+        """Return a model made of the nodes and constants collected so far."""
+        graph = helper.make_graph(
+            self.nodes, name, list(inputs), list(outputs), initializer=self.initializers
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", MAX_OPSET)])
+        model.ir_version = MAX_IR_VERSION
+        return model
+
+
+def tensor_info(name: str, shape=None, elem_type: int = TensorProto.FLOAT):
+    """Return a ``ValueInfoProto`` for a float tensor (``shape=None``: any rank)."""
+    return helper.make_tensor_value_info(name, elem_type, shape)

@@ -1,0 +1,274 @@
+"""The training loop's inner machinery: training graph, batches, updates.
+
+:func:`build_training_graph` appends the loss (weighted by the sample weights)
+and the elastic-net penalty to the converted model, so the gradient graph
+returns the gradient of the very number reported as the loss, and the backward
+pass is fed a constant 1.
+
+:class:`TrainingEngine` owns everything that lives in the runtime during a fit:
+the forward/backward object, the optimizer's update session, the weights and
+the optimizer state as ``OrtValue`` objects. One call of
+:meth:`TrainingEngine.train_batch` runs forward, backward and the update.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+import onnxruntime
+
+from ._graph import GraphBuilder, tensor_info
+from .losses import BaseLoss
+from .optim import BaseOptimizer
+from .ortgrad import (
+    OrtGradientForwardBackward,
+    OrtValue,
+    device_to_providers,
+    ortvalue_view,
+    run_with_ortvalues,
+    to_ortvalue,
+)
+
+__all__ = ["TrainingEngine", "build_training_graph", "weights_as_inputs"]
+
+logger = logging.getLogger("onnxgrad_sklearn")
+
+Y_NAME = "y_true"
+SW_NAME = "sample_weight"
+LOSS_NAME = "loss"
+
+
+def build_training_graph(
+    model: onnx.ModelProto,
+    output_name: str,
+    n_outputs: int,
+    loss: BaseLoss,
+    alpha: float = 0.0,
+    l1_ratio: float = 0.0,
+    penalized: Sequence[str] = (),
+) -> onnx.ModelProto:
+    """Return ``model`` extended with the loss and penalty as its only output.
+
+    The new graph has the inputs of ``model`` plus ``y_true`` (float32,
+    ``(n_samples, n_outputs)``) and ``sample_weight`` (float32, ``(n_samples,)``),
+    and one scalar output ``loss``::
+
+        sum_i w_i * loss_i / sum_i w_i
+        + alpha * ((1 - l1_ratio) / 2 * sum ||W||_2^2 + l1_ratio * sum ||W||_1) / sum_i w_i
+
+    the sums running over the ``penalized`` initializers (with ``l1_ratio=0``
+    and unit weights, MLPRegressor's loss).
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Inference graph; not modified.
+    output_name : str
+        Its prediction output.
+    n_outputs : int
+        Number of targets per sample.
+    loss : BaseLoss
+        Per-sample loss.
+    alpha, l1_ratio : float
+        Penalty strength and L1 share.
+    penalized : list of str
+        Initializers the penalty applies to.
+    """
+    g = GraphBuilder("train")
+    pred = g.op("Reshape", output_name, g.const([-1, n_outputs], np.int64))
+    per_sample = loss.build(g, pred, Y_NAME)
+    sw_sum = g.sum(SW_NAME)
+    total = g.div(g.sum(g.mul(per_sample, SW_NAME)), sw_sum)
+    if alpha > 0 and penalized:
+        l2 = l1 = None
+        for name in penalized:
+            if l1_ratio < 1:
+                sq = g.sum(g.mul(name, name))
+                l2 = sq if l2 is None else g.add(l2, sq)
+            if l1_ratio > 0:
+                ab = g.sum(g.abs(name))
+                l1 = ab if l1 is None else g.add(l1, ab)
+        terms = []
+        if l2 is not None:
+            terms.append(g.mul(l2, g.const(0.5 * alpha * (1 - l1_ratio))))
+        if l1 is not None:
+            terms.append(g.mul(l1, g.const(alpha * l1_ratio)))
+        penalty = terms[0] if len(terms) == 1 else g.add(*terms)
+        total = g.add(total, g.div(penalty, sw_sum))
+    g.identity(total, LOSS_NAME)
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph = out.graph
+    graph.node.extend(g.nodes)
+    graph.initializer.extend(g.initializers)
+    graph.input.extend([tensor_info(Y_NAME, [None, n_outputs]), tensor_info(SW_NAME, [None])])
+    del graph.output[:]
+    graph.output.append(tensor_info(LOSS_NAME, []))
+    return out
+
+
+def weights_as_inputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
+    """Return a copy of ``model`` where the initializers ``names`` are graph inputs."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    wanted = set(names)
+    kept = [i for i in out.graph.initializer if i.name not in wanted]
+    moved = {i.name: i for i in out.graph.initializer if i.name in wanted}
+    del out.graph.initializer[:]
+    out.graph.initializer.extend(kept)
+    for name in names:
+        init = moved[name]
+        out.graph.input.append(tensor_info(name, list(init.dims), init.data_type))
+    return out
+
+
+def session_options() -> onnxruntime.SessionOptions:
+    """Session options shared by the training sessions."""
+    so = onnxruntime.SessionOptions()
+    so.log_severity_level = 3
+    return so
+
+
+class TrainingEngine:
+    """Weights, gradients and optimizer state of one fit, kept in the runtime.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Inference graph holding the starting weights.
+    output_name : str
+        Its prediction output.
+    weight_names : list of str
+        Initializers to train.
+    penalized : list of str
+        Subset of ``weight_names`` the penalty applies to.
+    n_outputs : int
+        Width of the targets.
+    loss : BaseLoss
+        The loss.
+    optimizer : BaseOptimizer
+        The update rule.
+    alpha, l1_ratio : float
+        Elastic-net penalty.
+    device : str
+        ``"cpu"`` or ``"cuda[:N]"``.
+    """
+
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        output_name: str,
+        weight_names: Sequence[str],
+        penalized: Sequence[str],
+        n_outputs: int,
+        loss: BaseLoss,
+        optimizer: BaseOptimizer,
+        alpha: float = 0.0,
+        l1_ratio: float = 0.0,
+        device: str = "cpu",
+    ):
+        self.device = device
+        self.providers, self.device_index = device_to_providers(device)
+        self.weight_names = list(weight_names)
+        self.output_name = output_name
+        self.optimizer = optimizer
+        so = session_options()
+        training = build_training_graph(
+            model, output_name, n_outputs, loss, alpha, l1_ratio, penalized
+        )
+        self.forward_backward = OrtGradientForwardBackward(
+            training, self.weight_names, device=device, session_options=so
+        )
+        inits = {i.name: i for i in model.graph.initializer}
+        start = [onnx.numpy_helper.to_array(inits[n]) for n in self.weight_names]
+        self.shapes = [w.shape for w in start]
+        update_model = optimizer.build_update_model(self.shapes)
+        self._update = onnxruntime.InferenceSession(
+            update_model.SerializeToString(), sess_options=so, providers=self.providers
+        )
+        self._update_inputs = [i.name for i in self._update.get_inputs()]
+        predict_model = weights_as_inputs(model, self.weight_names)
+        self._predict = onnxruntime.InferenceSession(
+            predict_model.SerializeToString(), sess_options=so, providers=self.providers
+        )
+        self._predict_inputs = [i.name for i in self._predict.get_inputs()]
+        self._one = to_ortvalue(np.array(1.0, dtype=np.float32), device)
+        self.weights: list[OrtValue] = [to_ortvalue(w, device) for w in start]
+        self.reset_optimizer()
+
+    # state -------------------------------------------------------------
+    def reset_optimizer(self) -> None:
+        """Start the optimizer state afresh (zeros) and its step count at 0."""
+        self.step = 0
+        self.state = [
+            [to_ortvalue(s, self.device) for s in self.optimizer.init_state(np.zeros(shape, np.float32)).values()]
+            for shape in self.shapes
+        ]
+
+    def get_weights(self) -> list[np.ndarray]:
+        """Return copies of the current weights."""
+        return [w.numpy().copy() for w in self.weights]
+
+    def set_weights(self, arrays: Sequence[np.ndarray]) -> None:
+        """Replace the weights by copies of ``arrays``."""
+        self.weights = [
+            to_ortvalue(np.asarray(a, dtype=np.float32).reshape(s), self.device)
+            for a, s in zip(arrays, self.shapes)
+        ]
+
+    def get_state(self) -> dict:
+        """Return the optimizer state as numpy arrays (for pickling)."""
+        return {"step": self.step, "state": [[s.numpy().copy() for s in st] for st in self.state]}
+
+    def set_state(self, saved: dict) -> None:
+        """Restore an optimizer state returned by :meth:`get_state`."""
+        self.step = int(saved["step"])
+        self.state = [[to_ortvalue(s, self.device) for s in st] for st in saved["state"]]
+
+    # passes ------------------------------------------------------------
+    def _feed(self, array: np.ndarray) -> OrtValue:
+        # Zero copy on CPU: the caller keeps ``array`` alive until the batch ends.
+        return ortvalue_view(array, self.device)
+
+    def train_batch(
+        self, X: np.ndarray, y: np.ndarray, sample_weight: np.ndarray, learning_rate: float
+    ) -> float:
+        """Run forward, backward and the update on one batch; return its loss.
+
+        Parameters
+        ----------
+        X, y, sample_weight : ndarray (float32, C-contiguous)
+            The batch; they must stay alive during the call.
+        learning_rate : float
+            Current learning rate of the schedule.
+        """
+        fb = self.forward_backward
+        outputs, state = fb.forward(
+            [self._feed(X), self._feed(y), self._feed(sample_weight)], self.weights
+        )
+        loss = float(outputs[0].numpy())
+        grads = fb.backward([self._one], state)
+        self.step += 1
+        lr = self.optimizer.step_learning_rate(learning_rate, self.step)
+        lr_value = to_ortvalue(np.array(lr, dtype=np.float32), self.device)
+        feeds = [lr_value]
+        for w, gr, st in zip(self.weights, grads, self.state):
+            feeds.append(w)
+            feeds.append(gr)
+            feeds.extend(st)
+        results = run_with_ortvalues(self._update, self._update_inputs, feeds)
+        k = 1 + len(self.optimizer.state_names)
+        self.weights = [results[i * k] for i in range(len(self.weights))]
+        self.state = [results[i * k + 1 : (i + 1) * k] for i in range(len(self.weights))]
+        return loss
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """Return the model's predictions for ``X`` with the current weights."""
+        X = np.ascontiguousarray(X, dtype=np.float32)
+        feeds = [self._feed(X)] + self.weights
+        out = run_with_ortvalues(self._predict, self._predict_inputs, feeds, [self.output_name])
+        return out[0].numpy().copy()

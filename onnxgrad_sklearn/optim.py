@@ -1,0 +1,314 @@
+"""Optimizers as ONNX update graphs, and learning-rate schedules.
+
+An optimizer is its update rule and nothing else. :class:`BaseOptimizer`
+subclasses describe, for one weight tensor, how the weight and its state
+(velocity, moments) change given its gradient and the learning rate; the
+training engine builds one ONNX graph that applies the rule to every trained
+weight, and runs it once per batch on ``OrtValue`` objects, so weights,
+gradients and state never leave the runtime.
+
+The formulas are those of scikit-learn's ``_stochastic_optimizers.py``, so that
+MLPRegressor's ``solver="sgd"``/``"adam"`` and these optimizers produce the same
+numbers.
+
+Write your own optimizer by subclassing :class:`BaseOptimizer`: list the names
+of the per-weight state tensors in ``state_names`` and implement
+:meth:`BaseOptimizer.update` with a :class:`~onnxgrad_sklearn.GraphBuilder`::
+
+    class SignSGD(BaseOptimizer):
+        def update(self, g, param, grad, state, learning_rate):
+            return g.sub(param, g.mul(learning_rate, g.op("Sign", grad))), {}
+
+The learning-rate schedule (``learning_rate="constant"``, ``"invscaling"``,
+``"adaptive"`` on the estimator) is a separate step: :class:`LearningRateSchedule`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+from sklearn.base import BaseEstimator
+
+from ._graph import GraphBuilder, tensor_info
+
+__all__ = [
+    "SGD",
+    "Adam",
+    "BaseOptimizer",
+    "LearningRateSchedule",
+    "Momentum",
+    "Nesterov",
+    "get_optimizer",
+]
+
+logger = logging.getLogger("onnxgrad_sklearn")
+
+
+class BaseOptimizer(BaseEstimator):
+    """Base class of the optimizers: an update rule written as an ONNX graph.
+
+    Attributes
+    ----------
+    state_names : tuple of str
+        Names of the state tensors each weight carries (same shape as the
+        weight, zeros at the start of training).
+    """
+
+    state_names: tuple[str, ...] = ()
+
+    def update(
+        self,
+        g: GraphBuilder,
+        param: str,
+        grad: str,
+        state: dict[str, str],
+        learning_rate: str,
+    ) -> tuple[str, dict[str, str]]:
+        """Add the nodes that update one weight; return its new value and state.
+
+        Parameters
+        ----------
+        g : GraphBuilder
+            Where to add nodes.
+        param, grad : str
+            Names of the weight and of its gradient (same shape).
+        state : dict of str to str
+            Name of each state tensor of this weight, keyed by ``state_names``.
+        learning_rate : str
+            Name of the float32 scalar given by :meth:`step_learning_rate`.
+
+        Returns
+        -------
+        new_param : str
+            Name of the updated weight.
+        new_state : dict of str to str
+            Name of each updated state tensor, keyed by ``state_names``.
+        """
+        raise NotImplementedError
+
+    def step_learning_rate(self, learning_rate: float, step: int) -> float:
+        """Return the value fed as ``learning_rate`` to the update graph.
+
+        Parameters
+        ----------
+        learning_rate : float
+            Current learning rate of the schedule.
+        step : int
+            Number of this update, counted from 1 since the state was created.
+        """
+        return learning_rate
+
+    def init_state(self, param: np.ndarray) -> dict[str, np.ndarray]:
+        """Return the initial state of a weight: zeros for each name in ``state_names``."""
+        return {name: np.zeros_like(param, dtype=np.float32) for name in self.state_names}
+
+    def build_update_model(self, shapes: Sequence[Sequence[int]]) -> onnx.ModelProto:
+        """Return the update graph of weights with the given shapes.
+
+        Inputs: ``learning_rate`` then, for each weight ``i``, ``param_i``,
+        ``grad_i`` and its state tensors ``<state>_i``. Outputs: ``new_param_i``
+        then ``new_<state>_i`` for every weight, in the same order.
+        """
+        g = GraphBuilder("opt")
+        inputs = [tensor_info("learning_rate", [])]
+        outputs = []
+        for i, shape in enumerate(shapes):
+            shape = list(shape)
+            names = [f"param_{i}", f"grad_{i}"] + [f"{s}_{i}" for s in self.state_names]
+            inputs.extend(tensor_info(n, shape) for n in names)
+            state = {s: f"{s}_{i}" for s in self.state_names}
+            new_param, new_state = self.update(g, names[0], names[1], state, "learning_rate")
+            if set(new_state) != set(self.state_names):
+                raise ValueError(
+                    f"{type(self).__name__}.update returned state {sorted(new_state)}, "
+                    f"expected {sorted(self.state_names)}."
+                )
+            outputs.append(tensor_info(g.identity(new_param, f"new_param_{i}"), shape))
+            for s in self.state_names:
+                outputs.append(tensor_info(g.identity(new_state[s], f"new_{s}_{i}"), shape))
+        return g.make_model(inputs, outputs, name=type(self).__name__)
+
+
+class SGD(BaseOptimizer):
+    """Plain stochastic gradient descent: ``param -= learning_rate * grad``.
+
+    MLPRegressor(solver="sgd", momentum=0).
+    """
+
+    def update(self, g, param, grad, state, learning_rate):
+        return g.sub(param, g.mul(learning_rate, grad)), {}
+
+
+class Momentum(BaseOptimizer):
+    """Gradient descent with momentum.
+
+    ``velocity = momentum * velocity - learning_rate * grad``, then
+    ``param += velocity``: MLPRegressor(solver="sgd", nesterovs_momentum=False).
+
+    Parameters
+    ----------
+    momentum : float, default=0.9
+        Decay of the velocity, in [0, 1].
+    """
+
+    state_names = ("velocity",)
+
+    def __init__(self, momentum: float = 0.9):
+        self.momentum = momentum
+
+    def _velocity(self, g, grad, state, learning_rate):
+        _check_unit(self.momentum, "momentum", type(self).__name__)
+        return g.sub(
+            g.mul(g.const(self.momentum), state["velocity"]), g.mul(learning_rate, grad)
+        )
+
+    def update(self, g, param, grad, state, learning_rate):
+        velocity = self._velocity(g, grad, state, learning_rate)
+        return g.add(param, velocity), {"velocity": velocity}
+
+
+class Nesterov(Momentum):
+    """Nesterov's accelerated gradient, as scikit-learn writes it.
+
+    ``velocity = momentum * velocity - learning_rate * grad``, then
+    ``param += momentum * velocity - learning_rate * grad``:
+    MLPRegressor(solver="sgd", nesterovs_momentum=True).
+
+    Parameters
+    ----------
+    momentum : float, default=0.9
+        Decay of the velocity, in [0, 1].
+    """
+
+    def update(self, g, param, grad, state, learning_rate):
+        velocity = self._velocity(g, grad, state, learning_rate)
+        step = g.sub(g.mul(g.const(self.momentum), velocity), g.mul(learning_rate, grad))
+        return g.add(param, step), {"velocity": velocity}
+
+
+class Adam(BaseOptimizer):
+    """Adam, with scikit-learn's bias correction folded into the learning rate.
+
+    ``m = beta_1 * m + (1 - beta_1) * grad``,
+    ``v = beta_2 * v + (1 - beta_2) * grad ** 2``,
+    ``lr_t = learning_rate * sqrt(1 - beta_2 ** t) / (1 - beta_1 ** t)``,
+    ``param -= lr_t * m / (sqrt(v) + epsilon)``: MLPRegressor(solver="adam").
+
+    Parameters
+    ----------
+    beta_1 : float, default=0.9
+        Decay of the first moment, in [0, 1).
+    beta_2 : float, default=0.999
+        Decay of the second moment, in [0, 1).
+    epsilon : float, default=1e-8
+        Added to the denominator for numerical stability.
+    """
+
+    state_names = ("m", "v")
+
+    def __init__(self, beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-8):
+        self.beta_1 = beta_1
+        self.beta_2 = beta_2
+        self.epsilon = epsilon
+
+    def step_learning_rate(self, learning_rate, step):
+        return (
+            learning_rate * math.sqrt(1 - self.beta_2**step) / (1 - self.beta_1**step)
+        )
+
+    def update(self, g, param, grad, state, learning_rate):
+        _check_unit(self.beta_1, "beta_1", "Adam", open_right=True)
+        _check_unit(self.beta_2, "beta_2", "Adam", open_right=True)
+        if not self.epsilon > 0:
+            raise ValueError(f"Adam epsilon must be > 0, got {self.epsilon!r}.")
+        m = g.add(
+            g.mul(g.const(self.beta_1), state["m"]), g.mul(g.const(1 - self.beta_1), grad)
+        )
+        v = g.add(
+            g.mul(g.const(self.beta_2), state["v"]),
+            g.mul(g.const(1 - self.beta_2), g.mul(grad, grad)),
+        )
+        denom = g.add(g.sqrt(v), g.const(self.epsilon))
+        new_param = g.sub(param, g.mul(learning_rate, g.div(m, denom)))
+        return new_param, {"m": m, "v": v}
+
+
+def _check_unit(value, name, owner, open_right=False):
+    ok = 0 <= value < 1 if open_right else 0 <= value <= 1
+    if not ok:
+        interval = "[0, 1)" if open_right else "[0, 1]"
+        raise ValueError(f"{owner} {name} must be in {interval}, got {value!r}.")
+
+
+_OPTIMIZERS = {"sgd": SGD, "momentum": Momentum, "nesterov": Nesterov, "adam": Adam}
+
+
+def get_optimizer(optimizer) -> BaseOptimizer:
+    """Return the optimizer object for a name or an optimizer object.
+
+    Parameters
+    ----------
+    optimizer : str or BaseOptimizer
+        ``"sgd"``, ``"momentum"``, ``"nesterov"``, ``"adam"``, or an instance of
+        a :class:`BaseOptimizer` subclass.
+    """
+    if isinstance(optimizer, BaseOptimizer):
+        return optimizer
+    if isinstance(optimizer, str) and optimizer in _OPTIMIZERS:
+        return _OPTIMIZERS[optimizer]()
+    raise ValueError(
+        f"optimizer={optimizer!r} is not supported: use one of {sorted(_OPTIMIZERS)} or "
+        "an instance of onnxgrad_sklearn.optim.BaseOptimizer."
+    )
+
+
+class LearningRateSchedule:
+    """The learning rate over epochs, with MLPRegressor's three schedules.
+
+    Parameters
+    ----------
+    kind : {"constant", "invscaling", "adaptive"}
+        ``"constant"`` keeps ``learning_rate_init``; ``"invscaling"`` sets
+        ``learning_rate_init / (t + 1) ** power_t`` at the end of every epoch,
+        ``t`` being the number of samples seen; ``"adaptive"`` divides the rate
+        by 5 each time the loss stops improving, and stops below 1e-6.
+    learning_rate_init : float
+        Initial rate.
+    power_t : float
+        Exponent of ``"invscaling"``.
+
+    Attributes
+    ----------
+    learning_rate : float
+        The current rate.
+    """
+
+    def __init__(self, kind: str, learning_rate_init: float, power_t: float = 0.5):
+        self.kind = kind
+        self.learning_rate_init = learning_rate_init
+        self.power_t = power_t
+        self.learning_rate = float(learning_rate_init)
+
+    def iteration_ends(self, time_step: int) -> None:
+        """Update the rate at the end of an epoch (``time_step``: samples seen)."""
+        if self.kind == "invscaling":
+            self.learning_rate = float(self.learning_rate_init) / (time_step + 1) ** self.power_t
+
+    def trigger_stopping(self, msg: str) -> bool:
+        """Return whether to stop when the loss no longer improves.
+
+        The adaptive schedule lowers the rate instead, until it is <= 1e-6.
+        """
+        if self.kind != "adaptive":
+            logger.info("%s Stopping.", msg)
+            return True
+        if self.learning_rate <= 1e-6:
+            logger.info("%s Learning rate too small. Stopping.", msg)
+            return True
+        self.learning_rate /= 5.0
+        logger.info("%s Setting learning rate to %f", msg, self.learning_rate)
+        return False

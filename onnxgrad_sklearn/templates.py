@@ -1,0 +1,415 @@
+"""From a scikit-learn model to a trainable ONNX graph, and back.
+
+A *template* is the scikit-learn model the user passes: a regressor or
+classifier, or a Pipeline ending in one. This module
+
+* recognises the final model's family and lists its parameters
+  (:class:`ParamRef`: attribute, index, penalised or not, trained or not);
+* initialises the parameters of an unfitted model (Glorot uniform for MLPs as
+  scikit-learn does, zeros for linear models);
+* converts the template to ONNX with skl2onnx and finds, for every parameter,
+  the initializer that holds it (:class:`ConvertedTemplate`);
+* writes trained initializers back into a copy of the template.
+
+Initializers are found by value: the final model is converted once with every
+parameter filled with distinct random values, then each float initializer is
+compared with each parameter (as is, reshaped or transposed). The graph keeps
+the names skl2onnx gave; the real values are then written into it.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+from sklearn.base import is_classifier
+from sklearn.pipeline import Pipeline
+from sklearn.utils import check_random_state
+from sklearn.utils.validation import check_is_fitted
+
+from .ortgrad import MAX_ML_OPSET, MAX_OPSET, pin_versions
+
+__all__ = ["ConvertedTemplate", "ParamRef", "convert_template", "final_estimator"]
+
+logger = logging.getLogger("onnxgrad_sklearn")
+
+#: Linear regressors whose prediction is ``X @ coef_.T + intercept_``.
+LINEAR_REGRESSORS = (
+    "LinearRegression",
+    "Ridge",
+    "RidgeCV",
+    "Lasso",
+    "LassoCV",
+    "ElasticNet",
+    "ElasticNetCV",
+    "Lars",
+    "LarsCV",
+    "LassoLars",
+    "LassoLarsCV",
+    "LassoLarsIC",
+    "OrthogonalMatchingPursuit",
+    "BayesianRidge",
+    "ARDRegression",
+    "HuberRegressor",
+    "QuantileRegressor",
+    "SGDRegressor",
+    "LinearSVR",
+    "TheilSenRegressor",
+)
+
+
+@dataclass(frozen=True)
+class ParamRef:
+    """Where one parameter lives in the final model.
+
+    Attributes
+    ----------
+    attr : str
+        Attribute name (``coefs_``, ``coef_``...).
+    index : int or None
+        Position in the attribute when it is a list (MLP layers), else None.
+    penalized : bool
+        Whether ``alpha``/``l1_ratio`` penalise it (weight matrices, not biases).
+    trainable : bool
+        Whether it is trained (an intercept with ``fit_intercept=False`` is not).
+    """
+
+    attr: str
+    index: int | None
+    penalized: bool
+    trainable: bool = True
+
+    @property
+    def label(self) -> str:
+        """Readable name, such as ``coefs_[1]``."""
+        return self.attr if self.index is None else f"{self.attr}[{self.index}]"
+
+    def get(self, est) -> np.ndarray:
+        """Return the parameter's value in ``est``."""
+        value = getattr(est, self.attr)
+        return np.asarray(value if self.index is None else value[self.index])
+
+    def set(self, est, value) -> None:
+        """Store ``value`` as the parameter of ``est`` (keeping its type and shape)."""
+        if self.index is None:
+            old = getattr(est, self.attr)
+            if np.ndim(old) == 0:
+                value = float(np.asarray(value).reshape(()))
+            setattr(est, self.attr, value)
+        else:
+            getattr(est, self.attr)[self.index] = value
+
+
+class _Family:
+    """Parameters of one family of scikit-learn models."""
+
+    name = "base"
+
+    def params(self, est) -> list[ParamRef]:
+        raise NotImplementedError
+
+    def initialize(self, est, n_features: int, n_outputs: int, rng) -> None:
+        raise NotImplementedError
+
+
+class _LinearFamily(_Family):
+    name = "linear"
+
+    def params(self, est):
+        return [
+            ParamRef("coef_", None, True),
+            ParamRef("intercept_", None, False, bool(getattr(est, "fit_intercept", True))),
+        ]
+
+    def initialize(self, est, n_features, n_outputs, rng):
+        single = n_outputs == 1
+        if type(est).__name__ == "SGDRegressor":
+            if not single:
+                raise ValueError(
+                    "SGDRegressor has a single output; use LinearRegression or "
+                    "MLPRegressor as template for a 2-D y."
+                )
+            est.coef_ = np.zeros(n_features)
+            est.intercept_ = np.zeros(1)
+        else:
+            est.coef_ = np.zeros(n_features) if single else np.zeros((n_outputs, n_features))
+            est.intercept_ = 0.0 if single else np.zeros(n_outputs)
+        est.n_features_in_ = n_features
+
+
+class _MLPFamily(_Family):
+    name = "mlp"
+
+    def params(self, est):
+        n = len(est.coefs_)
+        return [ParamRef("coefs_", i, True) for i in range(n)] + [
+            ParamRef("intercepts_", i, False) for i in range(n)
+        ]
+
+    def initialize(self, est, n_features, n_outputs, rng):
+        hidden = est.hidden_layer_sizes
+        if not hasattr(hidden, "__iter__"):
+            hidden = [hidden]
+        hidden = list(hidden)
+        if any(int(h) <= 0 for h in hidden):
+            raise ValueError(f"hidden_layer_sizes must be > 0, got {hidden}.")
+        units = [n_features, *hidden, n_outputs]
+        # Same draws, in the same order, as MLPRegressor._init_coef.
+        factor = 2.0 if est.activation == "logistic" else 6.0
+        est.coefs_, est.intercepts_ = [], []
+        for fan_in, fan_out in zip(units[:-1], units[1:]):
+            bound = np.sqrt(factor / (fan_in + fan_out))
+            est.coefs_.append(rng.uniform(-bound, bound, (fan_in, fan_out)))
+            est.intercepts_.append(rng.uniform(-bound, bound, fan_out))
+        est.n_features_in_ = n_features
+        est.n_outputs_ = n_outputs
+        est.n_layers_ = len(units)
+        est.n_iter_ = 0
+        est.t_ = 0
+        if not is_classifier(est):
+            est.out_activation_ = "identity"
+
+
+def _family(est) -> _Family | None:
+    name = type(est).__name__
+    module = type(est).__module__
+    if name in ("MLPRegressor",) and module.startswith("sklearn."):
+        if getattr(est, "loss", "squared_error") != "squared_error":
+            return None
+        return _MLPFamily()
+    if name in LINEAR_REGRESSORS and module.startswith("sklearn."):
+        return _LinearFamily()
+    return None
+
+
+def final_estimator(template):
+    """Return the last step of a Pipeline, or the template itself."""
+    if isinstance(template, Pipeline):
+        return template.steps[-1][1]
+    return template
+
+
+def _is_fitted(est) -> bool:
+    try:
+        check_is_fitted(est)
+    except Exception:
+        return False
+    return True
+
+
+def check_trainable(template) -> None:
+    """Raise a ValueError naming the model when it has no trainable parameters.
+
+    Parameters
+    ----------
+    template : estimator or Pipeline
+        The model to check.
+    """
+    final = final_estimator(template)
+    if _family(final) is not None:
+        return
+    name = type(final).__name__
+    where = f"the last step of the Pipeline, {name}," if final is not template else name
+    if name == "MLPRegressor":
+        why = f"only loss='squared_error' has an identity output layer (got loss={final.loss!r})"
+    elif hasattr(final, "tree_") or "Tree" in name or "Forest" in name or "Boosting" in name:
+        why = "its predictions are piecewise constant splits, with no gradient to follow"
+    elif "Neighbors" in name:
+        why = "it stores training samples instead of weights, so there is nothing to train"
+    else:
+        why = "it is not one of the supported models"
+    raise ValueError(
+        f"{where} cannot be trained by gradient descent: {why}. Supported final models: "
+        f"MLPRegressor and the linear regressors {', '.join(LINEAR_REGRESSORS)}."
+    )
+
+
+def _match(init: np.ndarray, value: np.ndarray):
+    """Return 'reshape' or 'transpose' if ``init`` holds ``value``, else None."""
+    if init.size != value.size or init.size == 0:
+        return None
+    target = value.astype(np.float32)
+    if np.array_equal(init.ravel(), target.ravel()):
+        return "reshape"
+    if target.ndim == 2 and np.array_equal(init.ravel(), target.T.ravel()):
+        return "transpose"
+    return None
+
+
+@dataclass
+class ConvertedTemplate:
+    """A template converted to ONNX, with its parameters located in the graph.
+
+    Attributes
+    ----------
+    model : onnx.ModelProto
+        Inference graph (input ``X``, float32), initializers holding the values
+        of the estimator it was made from.
+    params : list of ParamRef
+        Parameters of the final model.
+    initializer_names : list of str
+        Name of the initializer holding each parameter.
+    layouts : list of str
+        ``'reshape'`` or ``'transpose'``: how each initializer relates to the
+        scikit-learn attribute.
+    output_name : str
+        Name of the prediction output.
+    """
+
+    model: onnx.ModelProto
+    params: list[ParamRef]
+    initializer_names: list[str]
+    layouts: list[str]
+    output_name: str
+
+    def initializer_values(self) -> list[np.ndarray]:
+        """Return the current values of the parameters' initializers (float32)."""
+        by_name = {i.name: i for i in self.model.graph.initializer}
+        return [numpy_helper.to_array(by_name[n]).copy() for n in self.initializer_names]
+
+    def with_values(self, values) -> onnx.ModelProto:
+        """Return a copy of :attr:`model` whose parameter initializers hold ``values``."""
+        model = onnx.ModelProto()
+        model.CopyFrom(self.model)
+        index = {name: k for k, name in enumerate(self.initializer_names)}
+        for init in model.graph.initializer:
+            if init.name in index:
+                array = np.asarray(values[index[init.name]], dtype=np.float32)
+                init.CopyFrom(numpy_helper.from_array(array.reshape(tuple(init.dims)), init.name))
+        return model
+
+    def write_back(self, final, values) -> None:
+        """Store initializer ``values`` into the parameters of ``final`` (in place)."""
+        for ref, layout, value in zip(self.params, self.layouts, values):
+            old = ref.get(final)
+            dtype = old.dtype if np.issubdtype(old.dtype, np.floating) else np.float64
+            value = np.asarray(value)
+            if layout == "transpose":
+                new = value.reshape(old.shape[::-1]).T
+            else:
+                new = value.reshape(old.shape)
+            ref.set(final, np.ascontiguousarray(new, dtype=dtype))
+
+
+def prepare_template(template, X, y2d, random_state):
+    """Return a copy of ``template`` ready to convert: fitted preprocessing, parameters set.
+
+    Parameters
+    ----------
+    template : estimator or Pipeline
+        What the user passed; never modified.
+    X : ndarray of shape (n_samples, n_features)
+        Training data, used to fit unfitted preprocessing steps.
+    y2d : ndarray of shape (n_samples, n_outputs)
+        Targets (their width sets the output layer of an unfitted model).
+    random_state : RandomState
+        Draws the initial weights of an unfitted MLP.
+
+    Returns
+    -------
+    estimator : estimator or Pipeline
+        The copy.
+    fine_tuned : bool
+        Whether the final model came fitted (training starts from its weights).
+    """
+    est = copy.deepcopy(template)
+    final = final_estimator(est)
+    if _is_fitted(final):
+        n_in = getattr(final, "n_features_in_", None)
+        if n_in is not None and isinstance(est, Pipeline):
+            expected = est[:-1].transform(X[:1]).shape[1]
+            if expected != n_in:
+                raise ValueError(
+                    f"the fitted {type(final).__name__} expects {n_in} features, the "
+                    f"Pipeline in front of it gives {expected}."
+                )
+        return est, True
+    if isinstance(est, Pipeline):
+        head = est[:-1]
+        Xt = head.transform(X) if all(_is_fitted(s) for _, s in head.steps) else head.fit_transform(X)
+        n_features = np.asarray(Xt).shape[1]
+    else:
+        n_features = X.shape[1]
+    _family(final).initialize(final, n_features, y2d.shape[1], random_state)
+    return est, False
+
+
+def convert_template(est, n_features: int) -> ConvertedTemplate:
+    """Convert a prepared template to ONNX and locate its parameters.
+
+    Parameters
+    ----------
+    est : estimator or Pipeline
+        Fitted or initialised by :func:`prepare_template`.
+    n_features : int
+        Number of input features.
+
+    Returns
+    -------
+    ConvertedTemplate
+    """
+    from skl2onnx import to_onnx
+
+    final = final_estimator(est)
+    family = _family(final)
+    params = family.params(final)
+    values = [ref.get(final) for ref in params]
+
+    # Convert a copy whose parameters hold distinct random markers.
+    marker_final = copy.deepcopy(final)
+    rng = np.random.RandomState(1234)
+    markers = []
+    for ref, value in zip(params, values):
+        marker = rng.uniform(1.0, 2.0, size=value.shape).astype(np.float32).astype(np.float64)
+        if value.ndim == 0:
+            marker = marker.reshape(())
+        ref.set(marker_final, marker if value.ndim else float(marker))
+        markers.append(np.asarray(marker))
+    if isinstance(est, Pipeline):
+        marker_est = Pipeline(est.steps[:-1] + [(est.steps[-1][0], marker_final)])
+    else:
+        marker_est = marker_final
+    options = {}
+    if is_classifier(final):
+        options[id(final)] = {"zipmap": False}
+    model = to_onnx(
+        marker_est,
+        np.zeros((1, n_features), dtype=np.float32),
+        target_opset={"": MAX_OPSET, "ai.onnx.ml": MAX_ML_OPSET},
+        black_op={"LinearRegressor", "LinearClassifier", "Scaler"},
+        options=options or None,
+    )
+    pin_versions(model)
+
+    names, layouts = [], []
+    floats = [i for i in model.graph.initializer if i.data_type == TensorProto.FLOAT]
+    for ref, marker in zip(params, markers):
+        found = [
+            (init.name, _match(numpy_helper.to_array(init), marker))
+            for init in floats
+            if _match(numpy_helper.to_array(init), marker)
+        ]
+        if len(found) != 1:
+            raise ValueError(
+                f"could not locate {type(final).__name__}.{ref.label} in the ONNX graph "
+                f"skl2onnx produced ({len(found)} candidates); this model cannot be trained."
+            )
+        names.append(found[0][0])
+        layouts.append(found[0][1])
+    converted = ConvertedTemplate(model, params, names, layouts, model.graph.output[0].name)
+    converted.model = converted.with_values(
+        [
+            (v.T if layout == "transpose" else v).astype(np.float32)
+            for v, layout in zip(values, layouts)
+        ]
+    )
+    return converted
+
+
+def new_random_state(random_state):
+    """Return a ``RandomState`` as scikit-learn's ``check_random_state`` does."""
+    return check_random_state(random_state)
