@@ -266,6 +266,33 @@ class TrainingEngine:
         self.state = [results[i * k + 1 : (i + 1) * k] for i in range(len(self.weights))]
         return loss
 
+    def loss_and_gradients(
+        self, X: np.ndarray, y: np.ndarray, sample_weight: np.ndarray | None = None
+    ) -> tuple[float, list[np.ndarray]]:
+        """Return the loss and its gradient for each trained weight, without updating.
+
+        Parameters
+        ----------
+        X : ndarray of shape (n_samples, n_features)
+            Samples.
+        y : ndarray of shape (n_samples, n_outputs)
+            Targets.
+        sample_weight : ndarray of shape (n_samples,), default=None
+            Weights (ones by default).
+        """
+        X = np.ascontiguousarray(X, dtype=np.float32)
+        y = np.ascontiguousarray(np.reshape(y, (X.shape[0], -1)), dtype=np.float32)
+        if sample_weight is None:
+            sample_weight = np.ones(X.shape[0], dtype=np.float32)
+        sample_weight = np.ascontiguousarray(sample_weight, dtype=np.float32)
+        fb = self.forward_backward
+        outputs, state = fb.forward(
+            [self._feed(X), self._feed(y), self._feed(sample_weight)], self.weights
+        )
+        loss = float(outputs[0].numpy())
+        grads = fb.backward([self._one], state)
+        return loss, [g.numpy().copy() for g in grads]
+
     def predict(self, X: np.ndarray) -> np.ndarray:
         """Return the model's predictions for ``X`` with the current weights."""
         X = np.ascontiguousarray(X, dtype=np.float32)

@@ -98,7 +98,7 @@ class ParamRef:
         if self.index is None:
             old = getattr(est, self.attr)
             if np.ndim(old) == 0:
-                value = float(np.asarray(value).reshape(()))
+                value = np.float64(np.asarray(value).reshape(()))
             setattr(est, self.attr, value)
         else:
             getattr(est, self.attr)[self.index] = value
@@ -137,7 +137,7 @@ class _LinearFamily(_Family):
             est.intercept_ = np.zeros(1)
         else:
             est.coef_ = np.zeros(n_features) if single else np.zeros((n_outputs, n_features))
-            est.intercept_ = 0.0 if single else np.zeros(n_outputs)
+            est.intercept_ = np.float64(0.0) if single else np.zeros(n_outputs)
         est.n_features_in_ = n_features
 
 
@@ -367,7 +367,7 @@ def convert_template(est, n_features: int) -> ConvertedTemplate:
         marker = rng.uniform(1.0, 2.0, size=value.shape).astype(np.float32).astype(np.float64)
         if value.ndim == 0:
             marker = marker.reshape(())
-        ref.set(marker_final, marker if value.ndim else float(marker))
+        ref.set(marker_final, marker)
         markers.append(np.asarray(marker))
     if isinstance(est, Pipeline):
         marker_est = Pipeline(est.steps[:-1] + [(est.steps[-1][0], marker_final)])

@@ -1,0 +1,5 @@
+.PHONY: demo test
+demo:
+	./dev.sh demo
+test:
+	./dev.sh test

@@ -1,0 +1,18 @@
+import numpy as np
+import pytest
+
+
+def rel_error(actual, expected):
+    """Relative error of ``actual`` against ``expected``, in the Frobenius norm."""
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    return np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-30)
+
+
+@pytest.fixture
+def regression_data():
+    rng = np.random.RandomState(0)
+    X = rng.randn(120, 5).astype(np.float32)
+    w = rng.randn(5)
+    y = (np.tanh(X @ w) + 0.1 * rng.randn(120)).astype(np.float32)
+    return X.astype(np.float64), y.astype(np.float64)
