@@ -124,9 +124,7 @@ class BaseOrtGradient(BaseEstimator):
         return self._default_estimator() if self.estimator is None else self.estimator
 
     def _fit(self, X, y, sample_weight=None, incremental=False):
-        first_call = not (
-            (self.warm_start or incremental) and hasattr(self, "_converted")
-        )
+        first_call = not ((self.warm_start or incremental) and hasattr(self, "_converted"))
         X, y = validate_data(
             self,
             X,

@@ -56,7 +56,10 @@ def main(argv=None) -> int:
         ort_seconds = time.perf_counter() - begin
         begin = time.perf_counter()
         ref = MLPRegressor(
-            hidden_layer_sizes=(64,), solver="sgd", momentum=0.9, nesterovs_momentum=True,
+            hidden_layer_sizes=(64,),
+            solver="sgd",
+            momentum=0.9,
+            nesterovs_momentum=True,
             **settings,
         ).fit(X_train, y_train_s)
         skl_seconds = time.perf_counter() - begin

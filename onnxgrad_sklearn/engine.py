@@ -205,7 +205,10 @@ class TrainingEngine:
         """Start the optimizer state afresh (zeros) and its step count at 0."""
         self.step = 0
         self.state = [
-            [to_ortvalue(s, self.device) for s in self.optimizer.init_state(np.zeros(shape, np.float32)).values()]
+            [
+                to_ortvalue(s, self.device)
+                for s in self.optimizer.init_state(np.zeros(shape, np.float32)).values()
+            ]
             for shape in self.shapes
         ]
 

@@ -162,9 +162,7 @@ class Momentum(BaseOptimizer):
 
     def _velocity(self, g, grad, state, learning_rate):
         _check_unit(self.momentum, "momentum", type(self).__name__)
-        return g.sub(
-            g.mul(g.const(self.momentum), state["velocity"]), g.mul(learning_rate, grad)
-        )
+        return g.sub(g.mul(g.const(self.momentum), state["velocity"]), g.mul(learning_rate, grad))
 
     def update(self, g, param, grad, state, learning_rate):
         velocity = self._velocity(g, grad, state, learning_rate)
@@ -216,18 +214,14 @@ class Adam(BaseOptimizer):
         self.epsilon = epsilon
 
     def step_learning_rate(self, learning_rate, step):
-        return (
-            learning_rate * math.sqrt(1 - self.beta_2**step) / (1 - self.beta_1**step)
-        )
+        return learning_rate * math.sqrt(1 - self.beta_2**step) / (1 - self.beta_1**step)
 
     def update(self, g, param, grad, state, learning_rate):
         _check_unit(self.beta_1, "beta_1", "Adam", open_right=True)
         _check_unit(self.beta_2, "beta_2", "Adam", open_right=True)
         if not self.epsilon > 0:
             raise ValueError(f"Adam epsilon must be > 0, got {self.epsilon!r}.")
-        m = g.add(
-            g.mul(g.const(self.beta_1), state["m"]), g.mul(g.const(1 - self.beta_1), grad)
-        )
+        m = g.add(g.mul(g.const(self.beta_1), state["m"]), g.mul(g.const(1 - self.beta_1), grad))
         v = g.add(
             g.mul(g.const(self.beta_2), state["v"]),
             g.mul(g.const(1 - self.beta_2), g.mul(grad, grad)),

@@ -36,11 +36,12 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 if not hasattr(_C, "TrainingAgent") or not hasattr(_C, "OrtModuleGraphBuilder"):
     raise ImportError(
-        "The installed onnxruntime (%s) has no training bindings: it is the plain "
+        "The installed onnxruntime ({}) has no training bindings: it is the plain "
         "inference build, or another package overwrote onnxruntime-training's files. "
         "Fix it with 'pip uninstall -y onnxruntime onnxruntime-training-cpu && "
-        "pip install onnxruntime-training-cpu==1.19.2'."
-        % getattr(onnxruntime, "__version__", "unknown")
+        "pip install onnxruntime-training-cpu==1.19.2'.".format(
+            getattr(onnxruntime, "__version__", "unknown")
+        )
     )
 
 __all__ = [

@@ -330,7 +330,11 @@ def prepare_template(template, X, y2d, random_state):
         return est, True
     if isinstance(est, Pipeline):
         head = est[:-1]
-        Xt = head.transform(X) if all(_is_fitted(s) for _, s in head.steps) else head.fit_transform(X)
+        Xt = (
+            head.transform(X)
+            if all(_is_fitted(s) for _, s in head.steps)
+            else head.fit_transform(X)
+        )
         n_features = np.asarray(Xt).shape[1]
     else:
         n_features = X.shape[1]

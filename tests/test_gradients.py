@@ -25,13 +25,23 @@ TEMPLATES = {
     "ElasticNet": lambda: ElasticNet(alpha=0.01),
     "SGDRegressor": lambda: SGDRegressor(random_state=0),
     "MLP-relu": lambda: MLPRegressor(hidden_layer_sizes=(7, 5), random_state=0, max_iter=20),
-    "MLP-tanh": lambda: MLPRegressor(hidden_layer_sizes=(6,), activation="tanh", random_state=0, max_iter=20),
-    "MLP-logistic": lambda: MLPRegressor(hidden_layer_sizes=(6,), activation="logistic", random_state=0, max_iter=20),
-    "MLP-identity": lambda: MLPRegressor(hidden_layer_sizes=(6,), activation="identity", random_state=0, max_iter=20),
-    "MLP-2out": lambda: MLPRegressor(hidden_layer_sizes=(6,), activation="tanh", random_state=0, max_iter=20),
+    "MLP-tanh": lambda: MLPRegressor(
+        hidden_layer_sizes=(6,), activation="tanh", random_state=0, max_iter=20
+    ),
+    "MLP-logistic": lambda: MLPRegressor(
+        hidden_layer_sizes=(6,), activation="logistic", random_state=0, max_iter=20
+    ),
+    "MLP-identity": lambda: MLPRegressor(
+        hidden_layer_sizes=(6,), activation="identity", random_state=0, max_iter=20
+    ),
+    "MLP-2out": lambda: MLPRegressor(
+        hidden_layer_sizes=(6,), activation="tanh", random_state=0, max_iter=20
+    ),
     "Pipeline-scalers": lambda: make_pipeline(StandardScaler(), MinMaxScaler(), Ridge()),
     "Pipeline-pca-poly": lambda: make_pipeline(PCA(3), PolynomialFeatures(2), LinearRegression()),
-    "Pipeline-mlp": lambda: make_pipeline(StandardScaler(), MLPRegressor(hidden_layer_sizes=(5,), max_iter=20)),
+    "Pipeline-mlp": lambda: make_pipeline(
+        StandardScaler(), MLPRegressor(hidden_layer_sizes=(5,), max_iter=20)
+    ),
 }
 
 LOSSES = {
@@ -101,8 +111,9 @@ def _check(template_name, loss_name, alpha=0.0, l1_ratio=0.0):
                 moved = [v.copy() for v in values]
                 moved[k].ravel()[j] = flat[j] + sign * h
                 shifted.append(
-                    _reference_loss(est, conv, moved, X, y, sw, per_sample, alpha, l1_ratio,
-                                    penalized)
+                    _reference_loss(
+                        est, conv, moved, X, y, sw, per_sample, alpha, l1_ratio, penalized
+                    )
                 )
             numeric.append((shifted[0] - shifted[1]) / (2 * h))
         assert rel_error(grad.ravel()[picks], numeric) < 1e-3, conv.params[k].label

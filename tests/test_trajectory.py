@@ -14,7 +14,10 @@ from onnxgrad_sklearn.optim import SGD, Adam, Momentum, Nesterov
 
 SOLVERS = {
     "sgd": (SGD(), dict(solver="sgd", momentum=0.0)),
-    "momentum": (Momentum(momentum=0.9), dict(solver="sgd", momentum=0.9, nesterovs_momentum=False)),
+    "momentum": (
+        Momentum(momentum=0.9),
+        dict(solver="sgd", momentum=0.9, nesterovs_momentum=False),
+    ),
     "nesterov": (Nesterov(momentum=0.9), dict(solver="sgd", momentum=0.9, nesterovs_momentum=True)),
     "adam": (Adam(), dict(solver="adam")),
 }
@@ -34,8 +37,14 @@ def fitted_mlp():
 
 def _continue_both(mlp, X, y, optimizer, sk_params, learning_rate="constant", lr=0.01):
     common = dict(
-        batch_size=32, shuffle=False, alpha=1e-4, max_iter=5, tol=0.0, n_iter_no_change=1000,
-        learning_rate_init=lr, learning_rate=learning_rate,
+        batch_size=32,
+        shuffle=False,
+        alpha=1e-4,
+        max_iter=5,
+        tol=0.0,
+        n_iter_no_change=1000,
+        learning_rate_init=lr,
+        learning_rate=learning_rate,
     )
     ref = copy.deepcopy(mlp).set_params(warm_start=True, **sk_params, **common)
     ours = OrtGradientRegressor(mlp, optimizer=optimizer, **common)
@@ -82,9 +91,7 @@ def test_unfitted_mlp_follows_mlpregressor_from_the_same_seed():
     params = dict(learning_rate_init=0.01, batch_size=20, max_iter=4, random_state=7)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        ref = MLPRegressor(
-            hidden_layer_sizes=(10,), solver="sgd", momentum=0.9, **params
-        ).fit(X, y)
+        ref = MLPRegressor(hidden_layer_sizes=(10,), solver="sgd", momentum=0.9, **params).fit(X, y)
         ours = OrtGradientRegressor(
             MLPRegressor(hidden_layer_sizes=(10,)), optimizer="nesterov", **params
         ).fit(X, y)
