@@ -42,10 +42,12 @@ def main(argv=None) -> int:
     y_mean, y_std = y_train.mean(), y_train.std()
     y_train_s = (y_train - y_mean) / y_std
 
-    settings = dict(learning_rate_init=0.01, batch_size=32, max_iter=args.epochs, random_state=0)
+    settings = dict(
+        learning_rate_init=0.01, alpha=3.0, batch_size=32, max_iter=args.epochs, random_state=0
+    )
     print(
         f"Diabetes: {X_train.shape[0]} training rows, {X_train.shape[1]} features; "
-        f"MLP (64,), Nesterov momentum 0.9, {args.epochs} epochs"
+        f"MLP (64,), Nesterov momentum 0.9, alpha 3.0, {args.epochs} epochs"
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
