@@ -10,10 +10,12 @@ import logging
 
 from .ortgrad import OrtGradientForwardBackward, TrainingAgent  # checks the runtime first
 from ._graph import GraphBuilder
+from .classifier import OrtGradientClassifier
 from .regressor import OrtGradientRegressor
 
 __all__ = [
     "GraphBuilder",
+    "OrtGradientClassifier",
     "OrtGradientForwardBackward",
     "OrtGradientRegressor",
     "TrainingAgent",

@@ -104,17 +104,47 @@ class BaseOrtGradient(BaseEstimator):
         raise NotImplementedError
 
     def _validate_targets(self, y, first_call):
-        """Return float32 targets of shape (n_samples, n_outputs)."""
+        """Return float32 targets of shape (n_samples, n_targets) for the loss."""
         raise NotImplementedError
+
+    def _n_model_outputs(self, y2d):
+        """Number of columns the trained graph predicts."""
+        return y2d.shape[1]
+
+    def _adjust_sample_weight(self, y2d, sample_weight):
+        return sample_weight
+
+    def _setup_template(self, est, fine_tuned):
+        """Complete a prepared template (the classifier sets its classes here)."""
+
+    def _trained_view(self, est):
+        """The model whose graph is trained (the classifier trains its logits)."""
+        return est
+
+    def _loss_input(self, g, prediction):
+        """Turn the trained graph's prediction into the loss's first input."""
+        return prediction
+
+    def _resolve_loss(self, loss):
+        """The loss to train with, once the template is known."""
+        return loss
+
+    def _stratify(self, y2d):
+        return None
 
     def _score_validation(self, X, y, sample_weight, prediction):
         raise NotImplementedError
+
+    def _export(self):
+        """The ONNX model ``to_onnx`` returns, made after each fit."""
+        return self._converted.model
 
     # pickling ------------------------------------------------------------
     def __getstate__(self):
         state = self.__dict__.copy()
         engine = state.pop("_engine", None)
         state.pop("_session", None)
+        state.pop("_logit_session", None)
         if engine is not None:
             state["_optimizer_state"] = engine.get_state()
         return state
@@ -145,16 +175,19 @@ class BaseOrtGradient(BaseEstimator):
         X = np.ascontiguousarray(X, dtype=np.float32)
         y2d = self._validate_targets(y, first_call)
         sample_weight = _check_sample_weight(sample_weight, X, dtype=np.float32)
+        sample_weight = self._adjust_sample_weight(y2d, sample_weight)
         providers, _ = device_to_providers(self.device)
-        loss = get_loss(self.loss)
         optimizer = get_optimizer(self.optimizer)
+        loss = get_loss(self.loss)
 
         if first_call:
             self._initialize(X, y2d)
-        elif y2d.shape[1] != self.n_outputs_:
+        elif self._n_model_outputs(y2d) != self.n_outputs_:
             raise ValueError(
-                f"y has {y2d.shape[1]} outputs, the estimator was fitted with {self.n_outputs_}."
+                f"y has {self._n_model_outputs(y2d)} outputs, the estimator was fitted "
+                f"with {self.n_outputs_}."
             )
+        loss = self._resolve_loss(loss)
         engine = self._get_engine(loss, optimizer, reset=not incremental)
         try:
             self._run_epochs(engine, X, y2d, sample_weight, incremental)
@@ -166,10 +199,12 @@ class BaseOrtGradient(BaseEstimator):
         template = self._template()
         check_trainable(template)
         self._random_state = check_random_state(self.random_state)
-        est, fine_tuned = prepare_template(template, X, y2d, self._random_state)
-        self._converted: ConvertedTemplate = convert_template(est, X.shape[1])
+        n_outputs = self._n_model_outputs(y2d)
+        est, fine_tuned = prepare_template(template, X, n_outputs, self._random_state)
+        self._setup_template(est, fine_tuned)
+        self._converted: ConvertedTemplate = convert_template(self._trained_view(est), X.shape[1])
         self.estimator_ = est
-        self.n_outputs_ = y2d.shape[1]
+        self.n_outputs_ = n_outputs
         final = final_estimator(est)
         self.t_ = int(getattr(final, "t_", 0)) if fine_tuned else 0
         self.n_iter_ = 0
@@ -217,6 +252,7 @@ class BaseOrtGradient(BaseEstimator):
                 alpha=self.alpha,
                 l1_ratio=self.l1_ratio,
                 device=self.device,
+                loss_input=self._loss_input,
             )
             self._engine = engine
             self._engine_key = key
@@ -249,7 +285,12 @@ class BaseOrtGradient(BaseEstimator):
             raise ValueError("partial_fit does not support early_stopping=True")
         if early_stopping:
             X, X_val, y2d, y_val, sample_weight, sw_val = train_test_split(
-                X, y2d, sample_weight, random_state=rng, test_size=self.validation_fraction
+                X,
+                y2d,
+                sample_weight,
+                random_state=rng,
+                test_size=self.validation_fraction,
+                stratify=self._stratify(y2d),
             )
             if X_val.shape[0] < 2:
                 raise ValueError(
@@ -336,7 +377,9 @@ class BaseOrtGradient(BaseEstimator):
             values[k] = w
         conv.model = conv.with_values(values)
         conv.write_back(final_estimator(self.estimator_), values)
+        self._export_model = self._export()
         self.__dict__.pop("_session", None)
+        self.__dict__.pop("_logit_session", None)
 
     # inference ------------------------------------------------------------
     def __sklearn_is_fitted__(self):
@@ -353,22 +396,23 @@ class BaseOrtGradient(BaseEstimator):
         """
         check_is_fitted(self)
         model = onnx.ModelProto()
-        model.CopyFrom(self._converted.model)
+        model.CopyFrom(self._export_model)
         return model
 
-    def _run_onnx(self, X):
+    def _run_onnx(self, X, trained_graph=False):
+        """Run the exported model (or the trained graph) on X; return its outputs by name."""
         check_is_fitted(self)
         X = validate_data(self, X, reset=False, dtype=[np.float32, np.float64])
         X = np.ascontiguousarray(X, dtype=np.float32)
-        session = self.__dict__.get("_session")
+        key = "_logit_session" if trained_graph else "_session"
+        session = self.__dict__.get(key)
         if session is None:
+            model = self._converted.model if trained_graph else self._export_model
             providers, _ = device_to_providers(self.device)
             session = onnxruntime.InferenceSession(
-                self._converted.model.SerializeToString(),
-                sess_options=session_options(),
-                providers=providers,
+                model.SerializeToString(), sess_options=session_options(), providers=providers
             )
-            self._session = session
+            self.__dict__[key] = session
         names = [o.name for o in session.get_outputs()]
         return dict(zip(names, session.run(None, {session.get_inputs()[0].name: X})))
 

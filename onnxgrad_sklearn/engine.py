@@ -49,6 +49,7 @@ def build_training_graph(
     alpha: float = 0.0,
     l1_ratio: float = 0.0,
     penalized: Sequence[str] = (),
+    loss_input=None,
 ) -> onnx.ModelProto:
     """Return ``model`` extended with the loss and penalty as its only output.
 
@@ -76,9 +77,15 @@ def build_training_graph(
         Penalty strength and L1 share.
     penalized : list of str
         Initializers the penalty applies to.
+    loss_input : callable, optional
+        ``loss_input(g, prediction) -> name`` turns the prediction of shape
+        ``(n_samples, n_outputs)`` into what the loss receives (the classifier
+        adds the zero logit of a binary problem's first class).
     """
     g = GraphBuilder("train")
     pred = g.op("Reshape", output_name, g.const([-1, n_outputs], np.int64))
+    if loss_input is not None:
+        pred = loss_input(g, pred)
     per_sample = loss.build(g, pred, Y_NAME)
     sw_sum = g.sum(SW_NAME)
     total = g.div(g.sum(g.mul(per_sample, SW_NAME)), sw_sum)
@@ -105,7 +112,7 @@ def build_training_graph(
     graph = out.graph
     graph.node.extend(g.nodes)
     graph.initializer.extend(g.initializers)
-    graph.input.extend([tensor_info(Y_NAME, [None, n_outputs]), tensor_info(SW_NAME, [None])])
+    graph.input.extend([tensor_info(Y_NAME, [None, None]), tensor_info(SW_NAME, [None])])
     del graph.output[:]
     graph.output.append(tensor_info(LOSS_NAME, []))
     return out
@@ -156,6 +163,8 @@ class TrainingEngine:
         Elastic-net penalty.
     device : str
         ``"cpu"`` or ``"cuda[:N]"``.
+    loss_input : callable, optional
+        See :func:`build_training_graph`.
     """
 
     def __init__(
@@ -170,6 +179,7 @@ class TrainingEngine:
         alpha: float = 0.0,
         l1_ratio: float = 0.0,
         device: str = "cpu",
+        loss_input=None,
     ):
         self.device = device
         self.providers, self.device_index = device_to_providers(device)
@@ -178,7 +188,7 @@ class TrainingEngine:
         self.optimizer = optimizer
         so = session_options()
         training = build_training_graph(
-            model, output_name, n_outputs, loss, alpha, l1_ratio, penalized
+            model, output_name, n_outputs, loss, alpha, l1_ratio, penalized, loss_input
         )
         self.forward_backward = OrtGradientForwardBackward(
             training, self.weight_names, device=device, session_options=so

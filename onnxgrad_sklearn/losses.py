@@ -1,7 +1,8 @@
 """Losses written as ONNX graphs.
 
 A loss turns predictions and targets, both of shape ``(n_samples, n_outputs)``,
-into one value per sample (summed over outputs). The training graph then
+into one value per sample (summed over outputs). For the classifier the
+predictions are logits, one column per class, and the targets are one-hot. The training graph then
 averages these values with the sample weights and adds the penalty::
 
     loss = sum_i w_i * loss_i / sum_i w_i + alpha * penalty / sum_i w_i
@@ -27,6 +28,8 @@ __all__ = [
     "AbsoluteError",
     "BaseLoss",
     "Huber",
+    "LogLoss",
+    "OneVsRestLogLoss",
     "OnnxLoss",
     "Quantile",
     "SquaredError",
@@ -185,11 +188,44 @@ class OnnxLoss(BaseLoss):
         return name(graph.output[0].name)
 
 
+class LogLoss(BaseLoss):
+    """Cross-entropy computed from logits: ``-sum_k t_k * log_softmax(z)_k`` per sample.
+
+    The classifier gives it one logit per class (a zero logit is added for the
+    first class of a binary problem, so that ``softmax([0, z])`` is
+    ``sigmoid(z)``) and one-hot targets. ``LogSoftmax`` keeps it finite for
+    any logits: no probability is ever clipped. This is MLPClassifier's and
+    LogisticRegression's log-loss.
+    """
+
+    def build(self, g, y_pred, y_true):
+        log_proba = g.op("LogSoftmax", y_pred, axis=1)
+        return g.neg(g.sum(g.mul(y_true, log_proba), axes=[1]))
+
+
+class OneVsRestLogLoss(BaseLoss):
+    """Sum over classes of binary log-losses: one-vs-rest logistic regression.
+
+    ``sum_k softplus(z_k) - t_k * z_k`` per sample, with
+    ``softplus(z) = relu(z) + log(1 + exp(z - 2 * relu(z)))`` (never overflows).
+    The loss of multiclass SGDClassifier(loss="log_loss") and of one-vs-rest
+    LogisticRegression, whose probabilities are normalised sigmoids; the
+    classifier picks it for them when ``loss="log_loss"``.
+    """
+
+    def build(self, g, y_pred, y_true):
+        pos = g.relu(y_pred)
+        exponent = g.sub(y_pred, g.mul(pos, g.const(2.0)))
+        softplus = g.add(pos, g.op("Log", g.add(g.const(1.0), g.op("Exp", exponent))))
+        return g.sum(g.sub(softplus, g.mul(y_true, y_pred)), axes=[1])
+
+
 _LOSSES = {
     "squared_error": SquaredError,
     "absolute_error": AbsoluteError,
     "huber": Huber,
     "quantile": Quantile,
+    "log_loss": LogLoss,
 }
 
 
@@ -200,7 +236,7 @@ def get_loss(loss) -> BaseLoss:
     ----------
     loss : str or BaseLoss
         ``"squared_error"``, ``"absolute_error"``, ``"huber"``, ``"quantile"``,
-        or an instance of a :class:`BaseLoss` subclass.
+        ``"log_loss"``, or an instance of a :class:`BaseLoss` subclass.
     """
     if isinstance(loss, BaseLoss):
         return loss

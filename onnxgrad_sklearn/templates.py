@@ -62,6 +62,10 @@ LINEAR_REGRESSORS = (
 )
 
 
+#: Linear classifiers trained with the log-loss on ``X @ coef_.T + intercept_``.
+LINEAR_CLASSIFIERS = ("LogisticRegression", "LogisticRegressionCV", "SGDClassifier")
+
+
 @dataclass(frozen=True)
 class ParamRef:
     """Where one parameter lives in the final model.
@@ -119,6 +123,15 @@ class _Family:
 class _LinearFamily(_Family):
     name = "linear"
 
+    def logit_model(self, est):
+        from sklearn.linear_model import LinearRegression
+
+        reg = LinearRegression(fit_intercept=bool(getattr(est, "fit_intercept", True)))
+        reg.coef_ = est.coef_
+        reg.intercept_ = est.intercept_
+        reg.n_features_in_ = est.n_features_in_
+        return reg
+
     def params(self, est):
         return [
             ParamRef("coef_", None, True),
@@ -127,6 +140,11 @@ class _LinearFamily(_Family):
 
     def initialize(self, est, n_features, n_outputs, rng):
         single = n_outputs == 1
+        est.n_features_in_ = n_features
+        if is_classifier(est):
+            est.coef_ = np.zeros((n_outputs, n_features))
+            est.intercept_ = np.zeros(n_outputs)
+            return
         if type(est).__name__ == "SGDRegressor":
             if not single:
                 raise ValueError(
@@ -138,11 +156,19 @@ class _LinearFamily(_Family):
         else:
             est.coef_ = np.zeros(n_features) if single else np.zeros((n_outputs, n_features))
             est.intercept_ = np.float64(0.0) if single else np.zeros(n_outputs)
-        est.n_features_in_ = n_features
 
 
 class _MLPFamily(_Family):
     name = "mlp"
+
+    def logit_model(self, est):
+        from sklearn.neural_network import MLPRegressor
+
+        reg = MLPRegressor(hidden_layer_sizes=est.hidden_layer_sizes, activation=est.activation)
+        for attr in ("coefs_", "intercepts_", "n_features_in_", "n_layers_", "n_outputs_"):
+            setattr(reg, attr, getattr(est, attr))
+        reg.out_activation_ = "identity"
+        return reg
 
     def params(self, est):
         n = len(est.coefs_)
@@ -176,14 +202,89 @@ class _MLPFamily(_Family):
 
 def _family(est) -> _Family | None:
     name = type(est).__name__
-    module = type(est).__module__
-    if name in ("MLPRegressor",) and module.startswith("sklearn."):
+    if not type(est).__module__.startswith("sklearn."):
+        return None
+    if name == "MLPRegressor":
         if getattr(est, "loss", "squared_error") != "squared_error":
             return None
         return _MLPFamily()
-    if name in LINEAR_REGRESSORS and module.startswith("sklearn."):
+    if name == "MLPClassifier":
+        return _MLPFamily()
+    if name in LINEAR_REGRESSORS:
+        return _LinearFamily()
+    if name in LINEAR_CLASSIFIERS:
+        if name == "SGDClassifier" and est.loss != "log_loss":
+            return None
         return _LinearFamily()
     return None
+
+
+def logit_model(est):
+    """Return ``est`` with its final classifier replaced by a regressor giving its logits.
+
+    The regressor shares the classifier's parameter arrays, so the parameters
+    located in its ONNX graph are written back into the classifier. Its output
+    is the decision function: one column for a binary problem, one per class
+    otherwise.
+    """
+    final = final_estimator(est)
+    reg = _family(final).logit_model(final)
+    if isinstance(est, Pipeline):
+        return Pipeline(est.steps[:-1] + [(est.steps[-1][0], reg)])
+    return reg
+
+
+def export_model(est, n_features: int) -> onnx.ModelProto:
+    """Convert a fitted template with skl2onnx, as the estimators export it.
+
+    Parameters
+    ----------
+    est : estimator or Pipeline
+        Fitted (or with its parameters set).
+    n_features : int
+        Number of input features (input ``X``, float32).
+
+    Returns
+    -------
+    onnx.ModelProto
+        Opsets and IR version accepted by onnxruntime-training 1.19;
+        classifiers have a label output and a probabilities output (no ZipMap).
+    """
+    from skl2onnx import to_onnx
+
+    final = final_estimator(est)
+    options = {id(final): {"zipmap": False}} if is_classifier(final) else None
+    model = to_onnx(
+        est,
+        np.zeros((1, n_features), dtype=np.float32),
+        target_opset={"": MAX_OPSET, "ai.onnx.ml": MAX_ML_OPSET},
+        black_op={"LinearRegressor", "LinearClassifier", "Scaler"},
+        options=options,
+    )
+    n_outputs = getattr(final, "n_outputs_", 1)
+    if type(final).__name__ == "MLPRegressor" and n_outputs > 1:
+        _reshape_output(model, n_outputs)
+    return pin_versions(model)
+
+
+def _reshape_output(model: onnx.ModelProto, n_outputs: int) -> None:
+    """Make the final Reshape of a multi-output MLPRegressor give (n_samples, n_outputs).
+
+    skl2onnx reshapes every MLPRegressor's prediction to ``(-1, 1)``, which
+    flattens several outputs into one column.
+    """
+    output = model.graph.output[0]
+    for node in model.graph.node:
+        if node.op_type == "Reshape" and node.output[0] == output.name:
+            name = output.name + "_shape"
+            model.graph.initializer.append(
+                numpy_helper.from_array(np.array([-1, n_outputs], dtype=np.int64), name)
+            )
+            node.input[1] = name
+            dims = output.type.tensor_type.shape.dim
+            if len(dims) == 2:
+                dims[1].dim_value = n_outputs
+            return
 
 
 def final_estimator(template):
@@ -216,6 +317,8 @@ def check_trainable(template) -> None:
     where = f"the last step of the Pipeline, {name}," if final is not template else name
     if name == "MLPRegressor":
         why = f"only loss='squared_error' has an identity output layer (got loss={final.loss!r})"
+    elif name == "SGDClassifier":
+        why = f"only loss='log_loss' gives probabilities to train (got loss={final.loss!r})"
     elif hasattr(final, "tree_") or "Tree" in name or "Forest" in name or "Boosting" in name:
         why = "its predictions are piecewise constant splits, with no gradient to follow"
     elif "Neighbors" in name:
@@ -224,7 +327,8 @@ def check_trainable(template) -> None:
         why = "it is not one of the supported models"
     raise ValueError(
         f"{where} cannot be trained by gradient descent: {why}. Supported final models: "
-        f"MLPRegressor and the linear regressors {', '.join(LINEAR_REGRESSORS)}."
+        f"MLPRegressor, MLPClassifier, the linear classifiers {', '.join(LINEAR_CLASSIFIERS)} "
+        f"and the linear regressors {', '.join(LINEAR_REGRESSORS)}."
     )
 
 
@@ -295,7 +399,7 @@ class ConvertedTemplate:
             ref.set(final, np.ascontiguousarray(new, dtype=dtype))
 
 
-def prepare_template(template, X, y2d, random_state):
+def prepare_template(template, X, n_outputs, random_state):
     """Return a copy of ``template`` ready to convert: fitted preprocessing, parameters set.
 
     Parameters
@@ -304,8 +408,8 @@ def prepare_template(template, X, y2d, random_state):
         What the user passed; never modified.
     X : ndarray of shape (n_samples, n_features)
         Training data, used to fit unfitted preprocessing steps.
-    y2d : ndarray of shape (n_samples, n_outputs)
-        Targets (their width sets the output layer of an unfitted model).
+    n_outputs : int
+        Width of the output layer of an unfitted model.
     random_state : RandomState
         Draws the initial weights of an unfitted MLP.
 
@@ -338,7 +442,7 @@ def prepare_template(template, X, y2d, random_state):
         n_features = np.asarray(Xt).shape[1]
     else:
         n_features = X.shape[1]
-    _family(final).initialize(final, n_features, y2d.shape[1], random_state)
+    _family(final).initialize(final, n_features, n_outputs, random_state)
     return est, False
 
 
@@ -356,8 +460,6 @@ def convert_template(est, n_features: int) -> ConvertedTemplate:
     -------
     ConvertedTemplate
     """
-    from skl2onnx import to_onnx
-
     final = final_estimator(est)
     family = _family(final)
     params = family.params(final)
@@ -377,17 +479,7 @@ def convert_template(est, n_features: int) -> ConvertedTemplate:
         marker_est = Pipeline(est.steps[:-1] + [(est.steps[-1][0], marker_final)])
     else:
         marker_est = marker_final
-    options = {}
-    if is_classifier(final):
-        options[id(final)] = {"zipmap": False}
-    model = to_onnx(
-        marker_est,
-        np.zeros((1, n_features), dtype=np.float32),
-        target_opset={"": MAX_OPSET, "ai.onnx.ml": MAX_ML_OPSET},
-        black_op={"LinearRegressor", "LinearClassifier", "Scaler"},
-        options=options or None,
-    )
-    pin_versions(model)
+    model = export_model(marker_est, n_features)
 
     names, layouts = [], []
     floats = [i for i in model.graph.initializer if i.data_type == TensorProto.FLOAT]

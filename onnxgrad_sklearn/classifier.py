@@ -1,0 +1,339 @@
+"""OrtGradientClassifier: train a scikit-learn classifier on onnxruntime-training."""
+
+from __future__ import annotations
+
+import numpy as np
+from sklearn.base import ClassifierMixin
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import accuracy_score
+from sklearn.preprocessing import LabelBinarizer
+from sklearn.utils._param_validation import StrOptions
+from sklearn.utils.class_weight import compute_sample_weight
+from sklearn.utils.multiclass import check_classification_targets, type_of_target
+
+from ._base import BaseOrtGradient
+from .losses import BaseLoss, LogLoss, OneVsRestLogLoss
+from .templates import export_model, final_estimator, logit_model
+
+__all__ = ["OrtGradientClassifier"]
+
+
+class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
+    """Train the weights of a scikit-learn classifier with onnxruntime-training.
+
+    The template's decision function (its logits) is converted to ONNX and
+    trained with the log-loss computed from the logits; the trained
+    classifier is exported with skl2onnx with a label output and a
+    probabilities output. Everything else (optimizers, schedules, batches,
+    early stopping) is shared with :class:`OrtGradientRegressor`.
+
+    Parameters
+    ----------
+    estimator : estimator or Pipeline, default=None
+        The template: MLPClassifier (every activation), LogisticRegression,
+        SGDClassifier(loss="log_loss"), or a Pipeline ending in one
+        (preprocessing steps are frozen). ``None`` means
+        ``LogisticRegression()``. A fitted template is fine-tuned from its
+        weights and keeps its classes; an unfitted one is initialised from
+        ``random_state`` (Glorot uniform for MLPs, zeros for linear models).
+        It is never modified.
+    loss : "log_loss" or BaseLoss, default="log_loss"
+        ``"log_loss"`` is the cross-entropy computed from logits
+        (:class:`~onnxgrad_sklearn.losses.LogLoss`). A custom loss receives the
+        logits, one column per class (a binary problem's first class has a
+        zero logit), and one-hot targets.
+    optimizer : {"sgd", "momentum", "nesterov", "adam"} or BaseOptimizer, default="sgd"
+        The update rule. See :mod:`onnxgrad_sklearn.optim`.
+    learning_rate : {"constant", "invscaling", "adaptive"}, default="constant"
+        Schedule, as in MLPClassifier.
+    learning_rate_init : float, default=0.001
+        Initial learning rate.
+    power_t : float, default=0.5
+        Exponent of the ``"invscaling"`` schedule.
+    alpha : float, default=0.0001
+        Strength of the penalty on weight matrices (never on intercepts).
+    l1_ratio : float, default=0.0
+        Share of L1 in the penalty; 0 is MLPClassifier's L2 term.
+    batch_size : int or "auto", default="auto"
+        Rows per batch; ``"auto"`` means ``min(200, n_samples)``.
+    max_iter : int, default=200
+        Maximum number of epochs.
+    shuffle : bool, default=True
+        Permute the rows at each epoch.
+    random_state : int, RandomState instance or None, default=None
+        Seeds the initial weights, the shuffling and the validation split.
+    tol : float, default=1e-4
+        Improvement below which an epoch counts as no improvement.
+    n_iter_no_change : int, default=10
+        Epochs without improvement before stopping.
+    early_stopping : bool, default=False
+        Hold out a stratified ``validation_fraction``, stop when its accuracy
+        stops improving, keep the best epoch's weights.
+    validation_fraction : float, default=0.1
+        Share of the data held out for early stopping.
+    warm_start : bool, default=False
+        Make ``fit`` continue from the weights of the previous fit.
+    verbose : int, default=0
+        1 shows a progress bar over epochs.
+    device : str, default="cpu"
+        ``"cpu"``, or ``"cuda"``/``"cuda:N"`` with the CUDA build.
+    class_weight : dict, "balanced" or None, default=None
+        Weights of the classes in the loss, multiplied with ``sample_weight``
+        as scikit-learn defines them.
+
+    Attributes
+    ----------
+    classes_ : ndarray of shape (n_classes,)
+        Class labels (sorted unique labels of ``y``, or the fitted template's).
+    estimator_ : estimator or Pipeline
+        Copy of the template holding the trained weights.
+    loss_curve_ : list of float
+        Mean training loss of each epoch, penalty included.
+    n_iter_ : int
+        Epochs run by the last ``fit``.
+    t_ : int
+        Training samples seen.
+    n_outputs_ : int
+        Logits per sample: 1 for a binary problem, the number of classes otherwise.
+    validation_scores_, best_validation_score_, best_loss_ :
+        As in MLPClassifier.
+    n_features_in_ : int
+        Number of features seen during fit.
+    feature_names_in_ : ndarray of str
+        Names of the features, when X had them.
+    """
+
+    _parameter_constraints: dict = {
+        **BaseOrtGradient._parameter_constraints,
+        "loss": [StrOptions({"log_loss"}), BaseLoss],
+        "class_weight": [StrOptions({"balanced"}), dict, None],
+    }
+
+    def __init__(
+        self,
+        estimator=None,
+        *,
+        loss="log_loss",
+        optimizer="sgd",
+        learning_rate="constant",
+        learning_rate_init=0.001,
+        power_t=0.5,
+        alpha=0.0001,
+        l1_ratio=0.0,
+        batch_size="auto",
+        max_iter=200,
+        shuffle=True,
+        random_state=None,
+        tol=1e-4,
+        n_iter_no_change=10,
+        early_stopping=False,
+        validation_fraction=0.1,
+        warm_start=False,
+        verbose=0,
+        device="cpu",
+        class_weight=None,
+    ):
+        super().__init__(
+            estimator,
+            loss=loss,
+            optimizer=optimizer,
+            learning_rate=learning_rate,
+            learning_rate_init=learning_rate_init,
+            power_t=power_t,
+            alpha=alpha,
+            l1_ratio=l1_ratio,
+            batch_size=batch_size,
+            max_iter=max_iter,
+            shuffle=shuffle,
+            random_state=random_state,
+            tol=tol,
+            n_iter_no_change=n_iter_no_change,
+            early_stopping=early_stopping,
+            validation_fraction=validation_fraction,
+            warm_start=warm_start,
+            verbose=verbose,
+            device=device,
+        )
+        self.class_weight = class_weight
+
+    # hooks of the shared fit ----------------------------------------------
+    def _default_estimator(self):
+        return LogisticRegression()
+
+    def _validate_targets(self, y, first_call):
+        check_classification_targets(y)
+        kind = type_of_target(y, input_name="y")
+        if kind not in ("binary", "multiclass"):
+            raise ValueError(
+                f"OrtGradientClassifier supports binary and multiclass targets, got {kind!r} "
+                "(multilabel and multi-output y are not supported)."
+            )
+        if first_call:
+            known = getattr(final_estimator(self._template()), "classes_", None)
+            classes = np.unique(y) if known is None else np.asarray(known)
+            if len(classes) < 2:
+                raise ValueError(
+                    "This solver needs samples of at least 2 classes in the data, but the "
+                    f"data contains only one class: {classes[0]}"
+                )
+            self.classes_ = classes
+        classes = self.classes_
+        unknown = np.setdiff1d(np.unique(y), classes)
+        if unknown.size:
+            raise ValueError(
+                f"y contains labels {unknown.tolist()} that are not among the classes "
+                f"{classes.tolist()} the estimator was fitted with."
+            )
+        index = np.searchsorted(classes, y)
+        return np.ascontiguousarray(np.eye(len(classes), dtype=np.float32)[index])
+
+    def _n_model_outputs(self, y2d):
+        return 1 if y2d.shape[1] == 2 else y2d.shape[1]
+
+    def _adjust_sample_weight(self, y2d, sample_weight):
+        if self.class_weight is None:
+            return sample_weight
+        labels = self.classes_[y2d.argmax(axis=1)]
+        weights = compute_sample_weight(self.class_weight, labels)
+        return np.ascontiguousarray(sample_weight * weights, dtype=np.float32)
+
+    def _setup_template(self, est, fine_tuned):
+        final = final_estimator(est)
+        if fine_tuned:
+            return
+        final.classes_ = self.classes_
+        if hasattr(final, "coefs_"):  # MLPClassifier
+            final._label_binarizer = LabelBinarizer().fit(self.classes_)
+            final.out_activation_ = "logistic" if len(self.classes_) == 2 else "softmax"
+
+    def _one_vs_rest(self):
+        """Whether the template's probabilities are normalised one-vs-rest sigmoids."""
+        final = final_estimator(self.estimator_)
+        if len(self.classes_) <= 2:
+            return False
+        if type(final).__name__ == "SGDClassifier":
+            return True
+        return getattr(final, "multi_class", None) == "ovr" or final.solver == "liblinear"
+
+    def _resolve_loss(self, loss):
+        if isinstance(loss, LogLoss) and hasattr(self, "estimator_") and self._one_vs_rest():
+            return OneVsRestLogLoss()
+        return loss
+
+    def _trained_view(self, est):
+        return logit_model(est)
+
+    def _loss_input(self, g, prediction):
+        if len(self.classes_) != 2:
+            return prediction
+        return g.op("Concat", g.mul(prediction, g.const(0.0)), prediction, axis=1)
+
+    def _stratify(self, y2d):
+        return y2d.argmax(axis=1)
+
+    def _score_validation(self, X, y, sample_weight, prediction):
+        return accuracy_score(
+            y.argmax(axis=1), self._logits_to_index(prediction), sample_weight=sample_weight
+        )
+
+    def _export(self):
+        return export_model(self.estimator_, self.n_features_in_)
+
+    @staticmethod
+    def _logits_to_index(logits):
+        logits = np.asarray(logits).reshape(logits.shape[0], -1)
+        if logits.shape[1] == 1:
+            return (logits[:, 0] > 0).astype(np.int64)
+        return logits.argmax(axis=1)
+
+    # public API -------------------------------------------------------------
+    def fit(self, X, y, sample_weight=None):
+        """Train the template's weights on ``X``, ``y``.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Training data (trained in float32).
+        y : array-like of shape (n_samples,)
+            Class labels: integers, strings, any sortable labels.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Weights of the samples in the loss.
+
+        Returns
+        -------
+        self : OrtGradientClassifier
+        """
+        self._validate_params()
+        return self._fit(X, y, sample_weight)
+
+    def decision_function(self, X):
+        """Return the logits computed by onnxruntime on the trained graph.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Samples.
+
+        Returns
+        -------
+        ndarray of shape (n_samples,) or (n_samples, n_classes)
+            The logit of the second class for a binary problem, one logit per
+            class otherwise (as LogisticRegression).
+        """
+        out = self._run_onnx(X, trained_graph=True)[self._converted.output_name]
+        out = out.astype(np.float64).reshape(len(out), -1)
+        return out.ravel() if out.shape[1] == 1 else out
+
+    def predict_proba(self, X):
+        """Return class probabilities from onnxruntime on the exported model.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Samples.
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_classes)
+            Probabilities, columns in the order of ``classes_``.
+        """
+        outputs = self._run_onnx(X)
+        proba = outputs[self._export_model.graph.output[1].name]
+        return proba.astype(np.float64).reshape(proba.shape[0], len(self.classes_))
+
+    def predict_log_proba(self, X):
+        """Return the log of the class probabilities, computed from the logits.
+
+        Stays finite where ``predict_proba`` rounds a probability to 0.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Samples.
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_classes)
+        """
+        z = self.decision_function(X)
+        if z.ndim == 1:
+            z = np.c_[np.zeros_like(z), z]
+        elif self._one_vs_rest():
+            z = -np.logaddexp(0.0, -z)  # log sigmoid, then normalised below
+        z = z - z.max(axis=1, keepdims=True)
+        return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+
+    def predict(self, X):
+        """Return the most probable class of each sample.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Samples.
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+            Labels, of the type of ``classes_``.
+        """
+        return self.classes_[self.predict_proba(X).argmax(axis=1)]
