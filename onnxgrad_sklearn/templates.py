@@ -28,7 +28,6 @@ import onnx
 from onnx import TensorProto, numpy_helper
 from sklearn.base import is_classifier
 from sklearn.pipeline import Pipeline
-from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
 from .ortgrad import MAX_ML_OPSET, MAX_OPSET, pin_versions
@@ -504,8 +503,3 @@ def convert_template(est, n_features: int) -> ConvertedTemplate:
         ]
     )
     return converted
-
-
-def new_random_state(random_state):
-    """Return a ``RandomState`` as scikit-learn's ``check_random_state`` does."""
-    return check_random_state(random_state)
