@@ -9,10 +9,10 @@ import warnings
 import numpy as np
 import onnx
 import onnxruntime
-from sklearn.base import BaseEstimator
+from sklearn.base import BaseEstimator, is_classifier
 from sklearn.exceptions import ConvergenceWarning, DataConversionWarning
 from sklearn.model_selection import train_test_split
-from sklearn.utils import check_random_state, gen_batches, shuffle
+from sklearn.utils import check_random_state, gen_batches, get_tags, shuffle
 from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
 from sklearn.utils.validation import _check_sample_weight, check_is_fitted, validate_data
 
@@ -103,7 +103,7 @@ class BaseOrtGradient(BaseEstimator):
     def _default_estimator(self):
         raise NotImplementedError
 
-    def _validate_targets(self, y, first_call):
+    def _validate_targets(self, y, first_call, incremental=False, classes=None):
         """Return float32 targets of shape (n_samples, n_targets) for the loss."""
         raise NotImplementedError
 
@@ -141,19 +141,68 @@ class BaseOrtGradient(BaseEstimator):
 
     # pickling ------------------------------------------------------------
     def __getstate__(self):
-        state = self.__dict__.copy()
+        # Runtime sessions and OrtValues are not pickled: they are rebuilt on
+        # first use. The optimizer state is kept as numpy arrays, models as bytes.
+        state = dict(super().__getstate__())
         engine = state.pop("_engine", None)
         state.pop("_session", None)
         state.pop("_logit_session", None)
         if engine is not None:
             state["_optimizer_state"] = engine.get_state()
+        if "_export_model" in state:
+            state["_export_model"] = state["_export_model"].SerializeToString()
         return state
+
+    def __setstate__(self, state):
+        state = dict(state)
+        if isinstance(state.get("_export_model"), bytes):
+            state["_export_model"] = onnx.load_from_string(state["_export_model"])
+        super().__setstate__(state)
+        if "_export_model" in state:
+            self._make_sessions()
+
+    # parameters -------------------------------------------------------------
+    def set_params(self, **params):
+        """Set parameters, including nested ones such as ``optimizer__momentum``.
+
+        A nested parameter of an optimizer or loss given by name (``"nesterov"``)
+        turns the name into its object (``Nesterov()``) first.
+
+        Parameters
+        ----------
+        **params : dict
+            Estimator parameters.
+
+        Returns
+        -------
+        self
+        """
+        for name, resolve in (("optimizer", get_optimizer), ("loss", get_loss)):
+            if any(key.startswith(name + "__") for key in params):
+                value = params.get(name, getattr(self, name))
+                if isinstance(value, str):
+                    params[name] = resolve(value)
+        return super().set_params(**params)
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        final = final_estimator(self._template())
+        try:
+            template_tags = get_tags(final)
+            tags.target_tags.multi_output = (
+                template_tags.target_tags.multi_output and not is_classifier(self)
+            )
+        except Exception:  # an unsupported template: fit will say why
+            tags.target_tags.multi_output = False
+        tags.input_tags.sparse = False
+        tags.input_tags.allow_nan = False
+        return tags
 
     # fit ------------------------------------------------------------------
     def _template(self):
         return self._default_estimator() if self.estimator is None else self.estimator
 
-    def _fit(self, X, y, sample_weight=None, incremental=False):
+    def _fit(self, X, y, sample_weight=None, incremental=False, classes=None):
         first_call = not ((self.warm_start or incremental) and hasattr(self, "_converted"))
         X, y = validate_data(
             self,
@@ -162,7 +211,7 @@ class BaseOrtGradient(BaseEstimator):
             reset=first_call,
             multi_output=True,
             dtype=[np.float32, np.float64],
-            y_numeric=False,
+            y_numeric=not is_classifier(self),
         )
         if y.ndim == 2 and y.shape[1] == 1:
             warnings.warn(
@@ -173,10 +222,10 @@ class BaseOrtGradient(BaseEstimator):
             )
             y = y.ravel()
         X = np.ascontiguousarray(X, dtype=np.float32)
-        y2d = self._validate_targets(y, first_call)
+        y2d = self._validate_targets(y, first_call, incremental, classes)
         sample_weight = _check_sample_weight(sample_weight, X, dtype=np.float32)
         sample_weight = self._adjust_sample_weight(y2d, sample_weight)
-        providers, _ = device_to_providers(self.device)
+        device_to_providers(self.device)  # refuses a bad device before any work
         optimizer = get_optimizer(self.optimizer)
         loss = get_loss(self.loss)
 
@@ -218,6 +267,9 @@ class BaseOrtGradient(BaseEstimator):
             self.validation_scores_ = None
             self.best_validation_score_ = None
             self.best_loss_ = np.inf
+        self._schedule = LearningRateSchedule(
+            self.learning_rate, self.learning_rate_init, self.power_t
+        )
         self._engine_key = None
         self.__dict__.pop("_engine", None)
         self.__dict__.pop("_optimizer_state", None)
@@ -254,9 +306,12 @@ class BaseOrtGradient(BaseEstimator):
                 device=self.device,
                 loss_input=self._loss_input,
             )
+            previous = self.__dict__.get("_engine")
+            saved = self.__dict__.pop("_optimizer_state", None)
+            if previous is not None and repr(previous.optimizer) == repr(optimizer):
+                saved = previous.get_state()
             self._engine = engine
             self._engine_key = key
-            saved = self.__dict__.pop("_optimizer_state", None)
             if saved is not None and not reset:
                 engine.set_state(saved)
         elif reset:
@@ -378,8 +433,7 @@ class BaseOrtGradient(BaseEstimator):
         conv.model = conv.with_values(values)
         conv.write_back(final_estimator(self.estimator_), values)
         self._export_model = self._export()
-        self.__dict__.pop("_session", None)
-        self.__dict__.pop("_logit_session", None)
+        self._make_sessions()
 
     # inference ------------------------------------------------------------
     def __sklearn_is_fitted__(self):
@@ -399,20 +453,32 @@ class BaseOrtGradient(BaseEstimator):
         model.CopyFrom(self._export_model)
         return model
 
+    def _make_sessions(self):
+        """Create the inference sessions of the exported model and of the trained graph.
+
+        Made once after each fit (and after unpickling), so that predicting
+        never changes the estimator.
+        """
+        providers, _ = device_to_providers(self.device)
+
+        def session(model):
+            return onnxruntime.InferenceSession(
+                model.SerializeToString(), sess_options=session_options(), providers=providers
+            )
+
+        self._session = session(self._export_model)
+        self._logit_session = (
+            self._session
+            if self._export_model is self._converted.model
+            else session(self._converted.model)
+        )
+
     def _run_onnx(self, X, trained_graph=False):
         """Run the exported model (or the trained graph) on X; return its outputs by name."""
         check_is_fitted(self)
         X = validate_data(self, X, reset=False, dtype=[np.float32, np.float64])
         X = np.ascontiguousarray(X, dtype=np.float32)
-        key = "_logit_session" if trained_graph else "_session"
-        session = self.__dict__.get(key)
-        if session is None:
-            model = self._converted.model if trained_graph else self._export_model
-            providers, _ = device_to_providers(self.device)
-            session = onnxruntime.InferenceSession(
-                model.SerializeToString(), sess_options=session_options(), providers=providers
-            )
-            self.__dict__[key] = session
+        session = self._logit_session if trained_graph else self._session
         names = [o.name for o in session.get_outputs()]
         return dict(zip(names, session.run(None, {session.get_inputs()[0].name: X})))
 

@@ -160,7 +160,7 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
     def _default_estimator(self):
         return LogisticRegression()
 
-    def _validate_targets(self, y, first_call):
+    def _validate_targets(self, y, first_call, incremental=False, classes=None):
         check_classification_targets(y)
         kind = type_of_target(y, input_name="y")
         if kind not in ("binary", "multiclass"):
@@ -170,7 +170,19 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
             )
         if first_call:
             known = getattr(final_estimator(self._template()), "classes_", None)
-            classes = np.unique(y) if known is None else np.asarray(known)
+            if classes is not None:
+                classes = np.unique(np.asarray(classes))
+                if known is not None and not np.array_equal(classes, known):
+                    raise ValueError(
+                        f"classes={classes.tolist()} differs from the classes "
+                        f"{np.asarray(known).tolist()} of the fitted template."
+                    )
+            elif known is not None:
+                classes = np.asarray(known)
+            elif incremental:
+                raise ValueError("classes must be passed on the first call to partial_fit.")
+            else:
+                classes = np.unique(y)
             if len(classes) < 2:
                 raise ValueError(
                     "This solver needs samples of at least 2 classes in the data, but the "
@@ -266,6 +278,33 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         self._validate_params()
         return self._fit(X, y, sample_weight)
 
+    def partial_fit(self, X, y, sample_weight=None, classes=None):
+        """Run one epoch over ``X``, ``y``, continuing from the current weights.
+
+        The optimizer state and the learning-rate schedule carry over from one
+        call to the next, as with MLPClassifier.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Training data.
+        y : array-like of shape (n_samples,)
+            Class labels, among ``classes``.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Weights of the samples in the loss.
+        classes : array-like of shape (n_classes,), default=None
+            All the labels the estimator will see. Required on the first call
+            unless the template is fitted (its classes are then used); ignored
+            afterwards.
+
+        Returns
+        -------
+        self : OrtGradientClassifier
+        """
+        if not hasattr(self, "_converted"):
+            self._validate_params()
+        return self._fit(X, y, sample_weight, incremental=True, classes=classes)
+
     def decision_function(self, X):
         """Return the logits computed by onnxruntime on the trained graph.
 
@@ -336,4 +375,5 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         ndarray of shape (n_samples,)
             Labels, of the type of ``classes_``.
         """
-        return self.classes_[self.predict_proba(X).argmax(axis=1)]
+        proba = self.predict_proba(X)
+        return self.classes_[proba.argmax(axis=1)]

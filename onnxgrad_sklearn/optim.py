@@ -134,17 +134,45 @@ class BaseOptimizer(BaseEstimator):
 
 
 class SGD(BaseOptimizer):
-    """Plain stochastic gradient descent: ``param -= learning_rate * grad``.
+    """Stochastic gradient descent, with optional momentum, as MLPRegressor(solver="sgd").
 
-    MLPRegressor(solver="sgd", momentum=0).
+    Without momentum: ``param -= learning_rate * grad``. With momentum:
+    ``velocity = momentum * velocity - learning_rate * grad``, then
+    ``param += velocity``, or with ``nesterov=True``
+    ``param += momentum * velocity - learning_rate * grad`` (scikit-learn's
+    ``SGDOptimizer`` formulas).
+
+    Parameters
+    ----------
+    momentum : float, default=0.0
+        Decay of the velocity, in [0, 1]; 0 keeps no velocity.
+    nesterov : bool, default=False
+        Nesterov's accelerated gradient (needs ``momentum > 0``).
     """
 
+    def __init__(self, momentum: float = 0.0, nesterov: bool = False):
+        self.momentum = momentum
+        self.nesterov = nesterov
+
+    @property
+    def state_names(self) -> tuple[str, ...]:
+        """``("velocity",)`` with momentum, else nothing."""
+        return ("velocity",) if self.momentum else ()
+
     def update(self, g, param, grad, state, learning_rate):
-        return g.sub(param, g.mul(learning_rate, grad)), {}
+        _check_unit(self.momentum, "momentum", type(self).__name__)
+        step = g.mul(learning_rate, grad)
+        if not self.momentum:
+            return g.sub(param, step), {}
+        momentum = g.const(self.momentum)
+        velocity = g.sub(g.mul(momentum, state["velocity"]), step)
+        if self.nesterov:
+            return g.add(param, g.sub(g.mul(momentum, velocity), step)), {"velocity": velocity}
+        return g.add(param, velocity), {"velocity": velocity}
 
 
-class Momentum(BaseOptimizer):
-    """Gradient descent with momentum.
+class Momentum(SGD):
+    """Gradient descent with momentum: ``SGD(momentum, nesterov=False)``.
 
     ``velocity = momentum * velocity - learning_rate * grad``, then
     ``param += velocity``: MLPRegressor(solver="sgd", nesterovs_momentum=False).
@@ -155,22 +183,14 @@ class Momentum(BaseOptimizer):
         Decay of the velocity, in [0, 1].
     """
 
-    state_names = ("velocity",)
+    nesterov = False
 
     def __init__(self, momentum: float = 0.9):
         self.momentum = momentum
 
-    def _velocity(self, g, grad, state, learning_rate):
-        _check_unit(self.momentum, "momentum", type(self).__name__)
-        return g.sub(g.mul(g.const(self.momentum), state["velocity"]), g.mul(learning_rate, grad))
 
-    def update(self, g, param, grad, state, learning_rate):
-        velocity = self._velocity(g, grad, state, learning_rate)
-        return g.add(param, velocity), {"velocity": velocity}
-
-
-class Nesterov(Momentum):
-    """Nesterov's accelerated gradient, as scikit-learn writes it.
+class Nesterov(SGD):
+    """Nesterov's accelerated gradient: ``SGD(momentum, nesterov=True)``.
 
     ``velocity = momentum * velocity - learning_rate * grad``, then
     ``param += momentum * velocity - learning_rate * grad``:
@@ -182,10 +202,10 @@ class Nesterov(Momentum):
         Decay of the velocity, in [0, 1].
     """
 
-    def update(self, g, param, grad, state, learning_rate):
-        velocity = self._velocity(g, grad, state, learning_rate)
-        step = g.sub(g.mul(g.const(self.momentum), velocity), g.mul(learning_rate, grad))
-        return g.add(param, step), {"velocity": velocity}
+    nesterov = True
+
+    def __init__(self, momentum: float = 0.9):
+        self.momentum = momentum
 
 
 class Adam(BaseOptimizer):

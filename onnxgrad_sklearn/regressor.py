@@ -130,10 +130,8 @@ class OrtGradientRegressor(RegressorMixin, BaseOrtGradient):
     def _default_estimator(self):
         return LinearRegression()
 
-    def _validate_targets(self, y, first_call):
+    def _validate_targets(self, y, first_call, incremental=False, classes=None):
         y = np.asarray(y)
-        if not np.issubdtype(y.dtype, np.number):
-            raise ValueError(f"y must be numeric for a regressor, got dtype {y.dtype}.")
         return np.ascontiguousarray(y.reshape(y.shape[0], -1), dtype=np.float32)
 
     def _score_validation(self, X, y, sample_weight, prediction):
@@ -157,6 +155,31 @@ class OrtGradientRegressor(RegressorMixin, BaseOrtGradient):
         """
         self._validate_params()
         return self._fit(X, y, sample_weight)
+
+    def partial_fit(self, X, y, sample_weight=None):
+        """Run one epoch over ``X``, ``y``, continuing from the current weights.
+
+        The optimizer state (velocities, moments) and the learning-rate
+        schedule carry over from one call to the next, as with MLPRegressor.
+        The first call initialises the weights (or starts from a fitted
+        template).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Training data.
+        y : array-like of shape (n_samples,) or (n_samples, n_outputs)
+            Targets.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Weights of the samples in the loss.
+
+        Returns
+        -------
+        self : OrtGradientRegressor
+        """
+        if not hasattr(self, "_converted"):
+            self._validate_params()
+        return self._fit(X, y, sample_weight, incremental=True)
 
     def predict(self, X):
         """Predict with onnxruntime on the trained ONNX model.

@@ -369,6 +369,16 @@ class ConvertedTemplate:
     layouts: list[str]
     output_name: str
 
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["model"] = self.model.SerializeToString()
+        return state
+
+    def __setstate__(self, state):
+        state = dict(state)
+        state["model"] = onnx.load_from_string(state["model"])
+        self.__dict__.update(state)
+
     def initializer_values(self) -> list[np.ndarray]:
         """Return the current values of the parameters' initializers (float32)."""
         by_name = {i.name: i for i in self.model.graph.initializer}

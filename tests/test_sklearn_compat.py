@@ -1,0 +1,42 @@
+"""scikit-learn's estimator checks on both estimators, with two templates each."""
+
+import pytest
+from sklearn.neural_network import MLPClassifier, MLPRegressor
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+from onnxgrad_sklearn import OrtGradientClassifier, OrtGradientRegressor
+
+ESTIMATORS = [
+    OrtGradientRegressor(max_iter=50, learning_rate_init=0.01, random_state=0),
+    OrtGradientRegressor(
+        MLPRegressor(hidden_layer_sizes=(8,)),
+        optimizer="adam",
+        max_iter=100,
+        learning_rate_init=0.01,
+        random_state=0,
+    ),
+    OrtGradientClassifier(max_iter=50, learning_rate_init=0.01, random_state=0),
+    OrtGradientClassifier(
+        MLPClassifier(hidden_layer_sizes=(8,)),
+        optimizer="adam",
+        max_iter=100,
+        learning_rate_init=0.01,
+        random_state=0,
+    ),
+]
+
+
+def expected_failed_checks(estimator):
+    return {
+        "check_sample_weight_equivalence_on_dense_data": (
+            "mini-batch training: a row repeated k times falls into other batches than "
+            "one row of weight k, so the trajectories differ (the equivalence holds with "
+            "shuffle=False and one batch, which tests/test_regressor.py checks)"
+        ),
+    }
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+@parametrize_with_checks(ESTIMATORS, expected_failed_checks=expected_failed_checks)
+def test_scikit_learn_estimator_checks(estimator, check):
+    check(estimator)
