@@ -14,6 +14,7 @@ from .classifier import OrtGradientClassifier
 from .regressor import OrtGradientRegressor
 
 __all__ = [
+    "SKOPS_TRUSTED_TYPES",
     "GraphBuilder",
     "OrtGradientClassifier",
     "OrtGradientForwardBackward",
@@ -22,5 +23,25 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+#: Types to pass as ``trusted`` to ``skops.io.load`` for a fitted estimator of
+#: this package (besides scikit-learn's own, which skops trusts by default).
+SKOPS_TRUSTED_TYPES = [
+    "onnxgrad_sklearn.classifier.OrtGradientClassifier",
+    "onnxgrad_sklearn.regressor.OrtGradientRegressor",
+    "onnxgrad_sklearn.templates.ConvertedTemplate",
+    "onnxgrad_sklearn.templates.ParamRef",
+    "onnxgrad_sklearn.optim.LearningRateSchedule",
+    "onnxgrad_sklearn.optim.SGD",
+    "onnxgrad_sklearn.optim.Momentum",
+    "onnxgrad_sklearn.optim.Nesterov",
+    "onnxgrad_sklearn.optim.Adam",
+    "onnxgrad_sklearn.losses.SquaredError",
+    "onnxgrad_sklearn.losses.AbsoluteError",
+    "onnxgrad_sklearn.losses.Huber",
+    "onnxgrad_sklearn.losses.Quantile",
+    "onnxgrad_sklearn.losses.LogLoss",
+    "onnxgrad_sklearn.losses.OneVsRestLogLoss",
+]
 
 logging.getLogger("onnxgrad_sklearn").addHandler(logging.NullHandler())

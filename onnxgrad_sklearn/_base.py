@@ -359,7 +359,7 @@ class BaseOrtGradient(BaseEstimator):
         sample_idx = np.arange(n_samples)
         max_iter = 1 if incremental else self.max_iter
         bar = _progress(self.verbose, max_iter, type(self).__name__)
-        self.n_iter_ = self.n_iter_ if incremental else 0
+        self.n_iter_ = 0  # per call, partial_fit included, as MLPRegressor counts
         try:
             for _ in range(max_iter):
                 if self.shuffle:

@@ -67,8 +67,9 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
     n_iter_no_change : int, default=10
         Epochs without improvement before stopping.
     early_stopping : bool, default=False
-        Hold out a stratified ``validation_fraction``, stop when its accuracy
-        stops improving, keep the best epoch's weights.
+        Hold out ``validation_fraction`` of the data (stratified for a binary
+        problem, as MLPClassifier), stop when its accuracy stops improving,
+        keep the best epoch's weights.
     validation_fraction : float, default=0.1
         Share of the data held out for early stopping.
     warm_start : bool, default=False
@@ -241,7 +242,8 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         return g.op("Concat", g.mul(prediction, g.const(0.0)), prediction, axis=1)
 
     def _stratify(self, y2d):
-        return y2d.argmax(axis=1)
+        # As MLPClassifier: a stratified split for one output unit (binary) only.
+        return y2d.argmax(axis=1) if y2d.shape[1] == 2 else None
 
     def _score_validation(self, X, y, sample_weight, prediction):
         return accuracy_score(
