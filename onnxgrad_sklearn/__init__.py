@@ -11,9 +11,11 @@ import logging
 from .ortgrad import OrtGradientForwardBackward, TrainingAgent  # checks the runtime first
 from ._graph import GraphBuilder
 from .classifier import OrtGradientClassifier
+from .exceptions import ConvergenceError
 from .regressor import OrtGradientRegressor
 
 __all__ = [
+    "ConvergenceError",
     "SKOPS_TRUSTED_TYPES",
     "GraphBuilder",
     "OrtGradientClassifier",

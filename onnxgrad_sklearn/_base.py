@@ -17,6 +17,7 @@ from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
 from sklearn.utils.validation import _check_sample_weight, check_is_fitted, validate_data
 
 from .engine import TrainingEngine, session_options
+from .exceptions import ConvergenceError
 from .losses import BaseLoss, get_loss
 from .optim import BaseOptimizer, LearningRateSchedule, get_optimizer
 from .ortgrad import device_to_providers
@@ -54,6 +55,7 @@ class BaseOrtGradient(BaseEstimator):
         "warm_start": ["boolean"],
         "verbose": ["verbose"],
         "device": [str],
+        "on_divergence": [StrOptions({"raise", "warn"})],
     }
 
     def __init__(
@@ -78,6 +80,7 @@ class BaseOrtGradient(BaseEstimator):
         warm_start=False,
         verbose=0,
         device="cpu",
+        on_divergence="raise",
     ):
         self.estimator = estimator
         self.loss = loss
@@ -98,23 +101,29 @@ class BaseOrtGradient(BaseEstimator):
         self.warm_start = warm_start
         self.verbose = verbose
         self.device = device
+        self.on_divergence = on_divergence
 
     # hooks for subclasses ------------------------------------------------
     def _default_estimator(self):
         raise NotImplementedError
 
     def _validate_targets(self, y, first_call, incremental=False, classes=None):
-        """Return float32 targets of shape (n_samples, n_targets) for the loss."""
+        """Return float32 targets for the loss and the fitted attributes they imply.
+
+        Returns ``(y2d, fitted)``: ``y2d`` of shape (n_samples, n_targets), and a
+        dict of attributes (the classifier's ``classes_``) set only once every
+        check has passed.
+        """
         raise NotImplementedError
 
     def _n_model_outputs(self, y2d):
         """Number of columns the trained graph predicts."""
         return y2d.shape[1]
 
-    def _adjust_sample_weight(self, y2d, sample_weight):
+    def _adjust_sample_weight(self, y2d, sample_weight, fitted):
         return sample_weight
 
-    def _setup_template(self, est, fine_tuned):
+    def _setup_template(self, est, fine_tuned, fitted):
         """Complete a prepared template (the classifier sets its classes here)."""
 
     def _trained_view(self, est):
@@ -222,20 +231,20 @@ class BaseOrtGradient(BaseEstimator):
             )
             y = y.ravel()
         X = np.ascontiguousarray(X, dtype=np.float32)
-        y2d = self._validate_targets(y, first_call, incremental, classes)
+        y2d, fitted = self._validate_targets(y, first_call, incremental, classes)
         sample_weight = _check_sample_weight(sample_weight, X, dtype=np.float32)
-        sample_weight = self._adjust_sample_weight(y2d, sample_weight)
+        sample_weight = self._adjust_sample_weight(y2d, sample_weight, fitted)
         device_to_providers(self.device)  # refuses a bad device before any work
         optimizer = get_optimizer(self.optimizer)
         loss = get_loss(self.loss)
-
-        if first_call:
-            self._initialize(X, y2d)
-        elif self._n_model_outputs(y2d) != self.n_outputs_:
+        if not first_call and self._n_model_outputs(y2d) != self.n_outputs_:
             raise ValueError(
                 f"y has {self._n_model_outputs(y2d)} outputs, the estimator was fitted "
                 f"with {self.n_outputs_}."
             )
+        # Nothing of the estimator changed so far: a bad input leaves it as it was.
+        if first_call:
+            self._initialize(X, y2d, fitted)
         loss = self._resolve_loss(loss)
         engine = self._get_engine(loss, optimizer, reset=not incremental)
         try:
@@ -244,14 +253,19 @@ class BaseOrtGradient(BaseEstimator):
             self._store_weights(engine.get_weights())
         return self
 
-    def _initialize(self, X, y2d):
+    def _initialize(self, X, y2d, fitted):
         template = self._template()
         check_trainable(template)
-        self._random_state = check_random_state(self.random_state)
+        random_state = check_random_state(self.random_state)
         n_outputs = self._n_model_outputs(y2d)
-        est, fine_tuned = prepare_template(template, X, n_outputs, self._random_state)
-        self._setup_template(est, fine_tuned)
-        self._converted: ConvertedTemplate = convert_template(self._trained_view(est), X.shape[1])
+        est, fine_tuned = prepare_template(template, X, n_outputs, random_state)
+        self._setup_template(est, fine_tuned, fitted)
+        converted = convert_template(self._trained_view(est), X.shape[1])
+        # Every step that can fail is done: the fitted state is replaced at once.
+        for name, value in fitted.items():
+            setattr(self, name, value)
+        self._random_state = random_state
+        self._converted: ConvertedTemplate = converted
         self.estimator_ = est
         self.n_outputs_ = n_outputs
         final = final_estimator(est)
@@ -273,13 +287,12 @@ class BaseOrtGradient(BaseEstimator):
         self._engine_key = None
         self.__dict__.pop("_engine", None)
         self.__dict__.pop("_optimizer_state", None)
-        self.__dict__.pop("_session", None)
         logger.info(
             "%s %s: %d trained tensors (%s)",
             "fine-tuning" if fine_tuned else "training",
             type(final).__name__,
-            sum(p.trainable for p in self._converted.params),
-            ", ".join(p.label for p in self._converted.params if p.trainable),
+            sum(p.trainable for p in converted.params),
+            ", ".join(p.label for p in converted.params if p.trainable),
         )
 
     def _trained_indices(self):
@@ -367,32 +380,31 @@ class BaseOrtGradient(BaseEstimator):
                     Xe, ye, we = X[sample_idx], y2d[sample_idx], sample_weight[sample_idx]
                 else:
                     Xe, ye, we = X, y2d, sample_weight
-                accumulated = 0.0
-                lr = self._schedule.learning_rate
-                for batch in gen_batches(n_samples, batch_size):
-                    batch_loss = engine.train_batch(Xe[batch], ye[batch], we[batch], lr)
-                    accumulated += batch_loss * (batch.stop - batch.start)
+                checkpoint = engine.checkpoint()
+                try:
+                    epoch_loss = self._run_epoch(engine, Xe, ye, we, batch_size)
+                except KeyboardInterrupt:
+                    engine.restore(checkpoint)
+                    warnings.warn(
+                        f"Training interrupted by user during epoch {self.n_iter_ + 1}: the "
+                        f"estimator keeps the weights of the last completed epoch "
+                        f"(n_iter_={self.n_iter_}).",
+                        UserWarning,
+                        stacklevel=4,
+                    )
+                    raise
+                if epoch_loss is None:  # diverged, weights set back, warned
+                    break
                 self.n_iter_ += 1
-                self.loss_ = accumulated / n_samples
+                self.loss_ = epoch_loss
                 self.t_ += n_samples
                 self.loss_curve_.append(self.loss_)
                 if early_stopping:
                     score = self._score_validation(X_val, y_val, sw_val, engine.predict(X_val))
-                    self.validation_scores_.append(score)
-                    if score < self.best_validation_score_ + self.tol:
-                        self._no_improvement_count += 1
-                    else:
-                        self._no_improvement_count = 0
-                    if score > self.best_validation_score_:
-                        self.best_validation_score_ = score
+                    if self._record_validation(score):
                         best_weights = engine.get_weights()
                 else:
-                    if self.loss_ > self.best_loss_ - self.tol:
-                        self._no_improvement_count += 1
-                    else:
-                        self._no_improvement_count = 0
-                    if self.loss_ < self.best_loss_:
-                        self.best_loss_ = self.loss_
+                    self._record_loss(self.loss_)
                 logger.info("Iteration %d, loss = %.8f", self.n_iter_, self.loss_)
                 if bar is not None:
                     post = {"loss": f"{self.loss_:.6g}"}
@@ -419,11 +431,62 @@ class BaseOrtGradient(BaseEstimator):
                         ConvergenceWarning,
                         stacklevel=4,
                     )
+            else:
+                # The last update was not followed by a forward pass: check it here.
+                if not engine.weights_are_finite():
+                    engine.undo_last_step()
+                    self._diverged(np.nan, self.n_iter_, None)
         finally:
             if bar is not None:
                 bar.close()
         if early_stopping:
             engine.set_weights(best_weights)
+
+    def _run_epoch(self, engine, X, y2d, sample_weight, batch_size):
+        """Train one epoch; return its mean loss, or None after a divergence."""
+        accumulated = 0.0
+        lr = self._schedule.learning_rate
+        for number, batch in enumerate(gen_batches(X.shape[0], batch_size), 1):
+            batch_loss = engine.train_batch(X[batch], y2d[batch], sample_weight[batch], lr)
+            if not np.isfinite(batch_loss):
+                engine.undo_last_step()
+                self._diverged(batch_loss, self.n_iter_ + 1, number)
+                return None
+            accumulated += batch_loss * (batch.stop - batch.start)
+        return accumulated / X.shape[0]
+
+    def _diverged(self, loss, epoch, batch):
+        where = f"epoch {epoch}, batch {batch}" if batch else f"the last update of epoch {epoch}"
+        msg = (
+            f"Training diverged at {where}: the loss became {loss} (non-finite weights or "
+            "gradients). The weights were set back to the last ones with a finite loss. "
+            f"Use a smaller learning_rate_init (it is {self.learning_rate_init}), scale the "
+            "inputs, or pass on_divergence='warn' to keep the model with a warning."
+        )
+        if self.on_divergence == "raise":
+            raise ConvergenceError(msg)
+        warnings.warn(msg, ConvergenceWarning, stacklevel=5)
+
+    def _record_validation(self, score):
+        """Track the validation score as MLPRegressor does; return whether it is the best."""
+        self.validation_scores_.append(score)
+        if score < self.best_validation_score_ + self.tol:
+            self._no_improvement_count += 1
+        else:
+            self._no_improvement_count = 0
+        if score > self.best_validation_score_:
+            self.best_validation_score_ = score
+            return True
+        return False
+
+    def _record_loss(self, loss):
+        """Track the training loss as MLPRegressor does."""
+        if loss > self.best_loss_ - self.tol:
+            self._no_improvement_count += 1
+        else:
+            self._no_improvement_count = 0
+        if loss < self.best_loss_:
+            self.best_loss_ = loss
 
     def _store_weights(self, trained):
         conv = self._converted

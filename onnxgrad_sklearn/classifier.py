@@ -78,6 +78,11 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         1 shows a progress bar over epochs.
     device : str, default="cpu"
         ``"cpu"``, or ``"cuda"``/``"cuda:N"`` with the CUDA build.
+    on_divergence : {"raise", "warn"}, default="raise"
+        What to do when a batch gives a non-finite loss: training stops, the
+        weights go back to the last ones with a finite loss, then ``"raise"``
+        raises :class:`~onnxgrad_sklearn.ConvergenceError`, ``"warn"`` gives a
+        ``ConvergenceWarning`` and keeps the model usable.
     class_weight : dict, "balanced" or None, default=None
         Weights of the classes in the loss, multiplied with ``sample_weight``
         as scikit-learn defines them.
@@ -132,6 +137,7 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         warm_start=False,
         verbose=0,
         device="cpu",
+        on_divergence="raise",
         class_weight=None,
     ):
         super().__init__(
@@ -154,6 +160,7 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
             warm_start=warm_start,
             verbose=verbose,
             device=device,
+            on_divergence=on_divergence,
         )
         self.class_weight = class_weight
 
@@ -189,8 +196,8 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
                     "This solver needs samples of at least 2 classes in the data, but the "
                     f"data contains only one class: {classes[0]}"
                 )
-            self.classes_ = classes
-        classes = self.classes_
+        else:
+            classes = self.classes_
         unknown = np.setdiff1d(np.unique(y), classes)
         if unknown.size:
             raise ValueError(
@@ -198,26 +205,28 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
                 f"{classes.tolist()} the estimator was fitted with."
             )
         index = np.searchsorted(classes, y)
-        return np.ascontiguousarray(np.eye(len(classes), dtype=np.float32)[index])
+        y2d = np.ascontiguousarray(np.eye(len(classes), dtype=np.float32)[index])
+        return y2d, {"classes_": classes}
 
     def _n_model_outputs(self, y2d):
         return 1 if y2d.shape[1] == 2 else y2d.shape[1]
 
-    def _adjust_sample_weight(self, y2d, sample_weight):
+    def _adjust_sample_weight(self, y2d, sample_weight, fitted):
         if self.class_weight is None:
             return sample_weight
-        labels = self.classes_[y2d.argmax(axis=1)]
+        labels = fitted["classes_"][y2d.argmax(axis=1)]
         weights = compute_sample_weight(self.class_weight, labels)
         return np.ascontiguousarray(sample_weight * weights, dtype=np.float32)
 
-    def _setup_template(self, est, fine_tuned):
+    def _setup_template(self, est, fine_tuned, fitted):
         final = final_estimator(est)
         if fine_tuned:
             return
-        final.classes_ = self.classes_
+        classes = fitted["classes_"]
+        final.classes_ = classes
         if hasattr(final, "coefs_"):  # MLPClassifier
-            final._label_binarizer = LabelBinarizer().fit(self.classes_)
-            final.out_activation_ = "logistic" if len(self.classes_) == 2 else "softmax"
+            final._label_binarizer = LabelBinarizer().fit(classes)
+            final.out_activation_ = "logistic" if len(classes) == 2 else "softmax"
 
     def _one_vs_rest(self):
         """Whether the template's probabilities are normalised one-vs-rest sigmoids."""

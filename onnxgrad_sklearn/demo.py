@@ -2,7 +2,8 @@
 
 Run with ``python -m onnxgrad_sklearn.demo [--epochs N] [--out FOLDER]``. It
 prints the loss per epoch, the test R2 next to MLPRegressor's trained with the
-same architecture, optimizer and epochs, and where the ONNX file was written.
+same architecture, optimizer and epochs, and where the ONNX file and the PNG
+of the loss curve (when matplotlib is installed) were written.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=60, help="training epochs (default 60)")
     parser.add_argument(
-        "--out", default="demo_output", help="folder for the ONNX file (default demo_output)"
+        "--out",
+        default="demo_output",
+        help="folder for the ONNX file and the loss-curve PNG (default demo_output)",
     )
     args = parser.parse_args(argv)
 
@@ -83,6 +86,23 @@ def main(argv=None) -> int:
     gap = np.max(np.abs(onnx_pred - reg.predict(X_test)))
     print(f"trained ONNX model written to {path}")
     print(f"onnxruntime on that file matches predict() to {gap:.2e}")
+
+    png = os.path.splitext(path)[0] + ".png"
+    try:
+        import matplotlib
+    except ImportError:
+        print("loss-curve PNG skipped: matplotlib is not installed (pip install matplotlib)")
+    else:
+        matplotlib.use("Agg")  # write files only, no window
+        import matplotlib.pyplot as plt
+
+        from onnxgrad_sklearn.plotting import plot_loss_curve
+
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        plot_loss_curve(reg, ax=ax)
+        fig.savefig(png, dpi=100, bbox_inches="tight")
+        plt.close(fig)
+        print(f"loss curve written to {png}")
     return 0
 
 

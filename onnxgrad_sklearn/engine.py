@@ -222,6 +222,26 @@ class TrainingEngine:
             for shape in self.shapes
         ]
 
+    def checkpoint(self):
+        """Return the current weights and optimizer state (references, no copy)."""
+        return list(self.weights), [list(s) for s in self.state], self.step
+
+    def restore(self, checkpoint) -> None:
+        """Go back to a state returned by :meth:`checkpoint`."""
+        weights, state, step = checkpoint
+        self.weights, self.state, self.step = list(weights), [list(s) for s in state], step
+
+    def undo_last_step(self) -> None:
+        """Go back to the weights and state before the last update (if any)."""
+        previous = getattr(self, "_previous", None)
+        if previous is not None:
+            self.restore(previous)
+            self._previous = None
+
+    def weights_are_finite(self) -> bool:
+        """Return whether every weight is finite."""
+        return all(np.isfinite(w.numpy()).all() for w in self.weights)
+
     def get_weights(self) -> list[np.ndarray]:
         """Return copies of the current weights."""
         return [w.numpy().copy() for w in self.weights]
@@ -252,6 +272,8 @@ class TrainingEngine:
     ) -> float:
         """Run forward, backward and the update on one batch; return its loss.
 
+        A non-finite loss is returned without any update.
+
         Parameters
         ----------
         X, y, sample_weight : ndarray (float32, C-contiguous)
@@ -264,7 +286,12 @@ class TrainingEngine:
             [self._feed(X), self._feed(y), self._feed(sample_weight)], self.weights
         )
         loss = float(outputs[0].numpy())
+        if not np.isfinite(loss):
+            return loss  # no update: the caller decides what to do
         grads = fb.backward([self._one], state)
+        # The update graph returns new values, the previous ones stay valid:
+        # keeping references makes checkpoints free.
+        self._previous = self.checkpoint()
         self.step += 1
         lr = self.optimizer.step_learning_rate(learning_rate, self.step)
         lr_value = to_ortvalue(np.array(lr, dtype=np.float32), self.device)

@@ -81,6 +81,11 @@ class OrtGradientRegressor(RegressorMixin, BaseOrtGradient):
     device : str, default="cpu"
         ``"cpu"``, or ``"cuda"``/``"cuda:N"`` with the CUDA build of
         onnxruntime-training.
+    on_divergence : {"raise", "warn"}, default="raise"
+        What to do when a batch gives a non-finite loss: training stops, the
+        weights go back to the last ones with a finite loss, then ``"raise"``
+        raises :class:`~onnxgrad_sklearn.ConvergenceError`, ``"warn"`` gives a
+        ``ConvergenceWarning`` and keeps the model usable.
 
     Attributes
     ----------
@@ -132,7 +137,7 @@ class OrtGradientRegressor(RegressorMixin, BaseOrtGradient):
 
     def _validate_targets(self, y, first_call, incremental=False, classes=None):
         y = np.asarray(y)
-        return np.ascontiguousarray(y.reshape(y.shape[0], -1), dtype=np.float32)
+        return np.ascontiguousarray(y.reshape(y.shape[0], -1), dtype=np.float32), {}
 
     def _score_validation(self, X, y, sample_weight, prediction):
         return r2_score(y, prediction.reshape(y.shape), sample_weight=sample_weight)

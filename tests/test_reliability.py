@@ -1,0 +1,316 @@
+"""Bad input, divergence, interruption, threads and garbage collection."""
+
+import gc
+import threading
+import warnings
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from _isolated import run_isolated
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.neural_network import MLPClassifier, MLPRegressor
+
+from onnxgrad_sklearn import ConvergenceError, OrtGradientClassifier, OrtGradientRegressor
+from onnxgrad_sklearn.engine import TrainingEngine
+
+pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+
+
+def _data(kind, n=60, d=4, seed=0):
+    rng = np.random.RandomState(seed)
+    X = rng.randn(n, d)
+    y = X[:, 0] - X[:, 1] if kind == "regressor" else (X[:, 0] > 0).astype(int)
+    return X, y
+
+
+def _fitted(kind):
+    X, y = _data(kind)
+    cls = OrtGradientRegressor if kind == "regressor" else OrtGradientClassifier
+    template = (
+        MLPRegressor(hidden_layer_sizes=(5,))
+        if kind == "regressor"
+        else MLPClassifier(hidden_layer_sizes=(5,))
+    )
+    return (
+        cls(template, optimizer="adam", learning_rate_init=0.01, max_iter=5, random_state=0).fit(
+            X, y
+        ),
+        X,
+        y,
+    )
+
+
+def _bad_inputs(X, y):
+    X_nan = X.copy()
+    X_nan[3, 1] = np.nan
+    X_inf = X.copy()
+    X_inf[0, 0] = np.inf
+    X_str = X.astype(object)
+    X_str[2, 2] = "a"
+    return {
+        "nan in X": (X_nan, y, ValueError, "Input X contains NaN"),
+        "inf in X": (X_inf, y, ValueError, "Input X contains infinity"),
+        "1-D X": (X[:, 0], y, ValueError, "Expected 2D array, got 1D array"),
+        "3-D X": (X[:, :, None], y, ValueError, "Found array with dim 3"),
+        "empty X": (X[:0], y[:0], ValueError, "0 sample"),
+        "object X": (X_str, y, ValueError, "could not convert string to float"),
+        "complex X": (X + 1j, y, ValueError, "Complex data not supported"),
+        "sparse X": (sp.csr_matrix(X), y, TypeError, r"dense data is required.*toarray"),
+        "too few features": (X[:, :3], y, ValueError, "X has 3 features, but .* expecting 4"),
+    }
+
+
+@pytest.mark.parametrize("kind", ["regressor", "classifier"])
+@pytest.mark.parametrize("method", ["fit", "partial_fit", "predict", "predict_proba", "score"])
+def test_bad_input_raises_the_documented_error_and_keeps_the_model(kind, method):
+    est, X, y = _fitted(kind)
+    if method == "predict_proba" and kind == "regressor":
+        pytest.skip("regressors have no predict_proba")
+    before = est.predict(X)
+    weights = [w.copy() for w in est.estimator_.coefs_]
+    for name, (Xb, yb, exc, match) in _bad_inputs(X, y).items():
+        if name == "too few features" and method == "fit":
+            continue  # a new fit may change the number of features
+        call = getattr(est, method)
+        args = (Xb, yb) if method in ("fit", "partial_fit", "score") else (Xb,)
+        with pytest.raises(exc, match=match):
+            call(*args)
+        np.testing.assert_array_equal(est.predict(X), before, err_msg=name)
+    for a, b in zip(est.estimator_.coefs_, weights):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("kind", ["regressor", "classifier"])
+def test_bad_targets_raise_before_training(kind):
+    est, X, y = _fitted(kind)
+    before = est.predict(X)
+    with pytest.raises(ValueError, match="inconsistent numbers of samples"):
+        est.fit(X, y[:-1])
+    if kind == "regressor":
+        y_nan = y.astype(float)
+        y_nan[4] = np.nan
+        with pytest.raises(ValueError, match="Input y contains NaN"):
+            est.fit(X, y_nan)
+    else:
+        with pytest.raises(ValueError, match="only one class"):
+            est.fit(X, np.zeros(len(y), dtype=int))
+    with pytest.raises(ValueError, match="sample_weight.shape"):
+        est.fit(X, y, sample_weight=np.ones(3))
+    np.testing.assert_array_equal(est.predict(X), before)
+
+
+def test_pandas_with_a_text_column_is_refused():
+    pd = pytest.importorskip("pandas")
+    X, y = _data("regressor")
+    df = pd.DataFrame(X, columns=list("abcd"))
+    df["b"] = ["x"] * len(df)
+    with pytest.raises(ValueError, match="could not convert string to float"):
+        OrtGradientRegressor().fit(df, y)
+
+
+def test_float64_input_trains_in_float32_like_float32_input():
+    X, y = _data("regressor")
+    params = dict(optimizer="adam", max_iter=5, random_state=0)
+    a = OrtGradientRegressor(**params).fit(X, y)
+    b = OrtGradientRegressor(**params).fit(X.astype(np.float32), y.astype(np.float32))
+    np.testing.assert_array_equal(a.estimator_.coef_, b.estimator_.coef_)
+
+
+@pytest.mark.parametrize("kind", ["regressor", "classifier"])
+def test_divergence_raises_convergence_error_and_keeps_finite_weights(kind):
+    X, y = _data(kind, n=200)
+    X = X * 100
+    cls = OrtGradientRegressor if kind == "regressor" else OrtGradientClassifier
+    template = (
+        MLPRegressor(hidden_layer_sizes=(8,))
+        if kind == "regressor"
+        else MLPClassifier(hidden_layer_sizes=(8,))
+    )
+    est = cls(
+        template,
+        learning_rate_init=1e6,
+        optimizer="sgd",
+        max_iter=20,
+        random_state=0,
+        batch_size=20,
+    )
+    with pytest.raises(ConvergenceError, match="diverged.*smaller learning_rate_init") as info:
+        est.fit(X, y)
+    assert isinstance(info.value, ValueError)
+    assert np.all(np.isfinite(est.predict_proba(X) if kind == "classifier" else est.predict(X)))
+    assert all(np.isfinite(c).all() for c in est.estimator_.coefs_)
+    assert len(est.loss_curve_) == est.n_iter_ and np.all(np.isfinite(est.loss_curve_))
+
+    est.set_params(on_divergence="warn")
+    with pytest.warns(ConvergenceWarning, match="diverged"):
+        est.fit(X, y)
+    assert np.all(np.isfinite(est.predict_proba(X) if kind == "classifier" else est.predict(X)))
+    assert est.n_iter_ < 20
+
+
+def _interrupt_at(monkeypatch, call_number):
+    original = TrainingEngine.train_batch
+    calls = {"n": 0}
+
+    def train_batch(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == call_number:
+            raise KeyboardInterrupt
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(TrainingEngine, "train_batch", train_batch)
+
+
+def test_keyboard_interrupt_keeps_the_last_completed_epoch(monkeypatch):
+    X, y = _data("regressor", n=100)
+    params = dict(optimizer="adam", learning_rate_init=0.01, batch_size=20, random_state=0)
+    two = OrtGradientRegressor(MLPRegressor(hidden_layer_sizes=(6,)), max_iter=2, **params).fit(
+        X, y
+    )
+    est = OrtGradientRegressor(MLPRegressor(hidden_layer_sizes=(6,)), max_iter=10, **params)
+    _interrupt_at(monkeypatch, 5 * 2 + 3)  # third batch of the third epoch
+    with pytest.warns(UserWarning, match="interrupted.*n_iter_=2"):
+        with pytest.raises(KeyboardInterrupt):
+            est.fit(X, y)
+    assert est.n_iter_ == 2 and len(est.loss_curve_) == 2
+    assert est.loss_curve_ == two.loss_curve_
+    for a, b in zip(est.estimator_.coefs_, two.estimator_.coefs_):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(est.predict(X), two.predict(X))
+
+
+def test_two_fits_in_two_threads_equal_sequential_fits():
+    X, y = _data("regressor", n=300)
+    Xc, yc = _data("classifier", n=300, seed=1)
+
+    def make():
+        return (
+            OrtGradientRegressor(
+                MLPRegressor(hidden_layer_sizes=(16,)),
+                optimizer="adam",
+                max_iter=10,
+                batch_size=16,
+                random_state=0,
+            ),
+            OrtGradientClassifier(
+                MLPClassifier(hidden_layer_sizes=(16,)),
+                optimizer="nesterov",
+                max_iter=10,
+                batch_size=16,
+                random_state=0,
+            ),
+        )
+
+    seq_r, seq_c = make()
+    seq_r.fit(X, y)
+    seq_c.fit(Xc, yc)
+    par_r, par_c = make()
+    threads = [
+        threading.Thread(target=par_r.fit, args=(X, y)),
+        threading.Thread(target=par_c.fit, args=(Xc, yc)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    np.testing.assert_array_equal(par_r.predict(X), seq_r.predict(X))
+    np.testing.assert_array_equal(par_c.predict_proba(Xc), seq_c.predict_proba(Xc))
+
+
+def test_predict_from_several_threads_on_one_estimator():
+    est, X, _ = _fitted("classifier")
+    expected = est.predict_proba(X)
+    results = [None] * 8
+
+    def work(i):
+        for _ in range(20):
+            results[i] = est.predict_proba(X)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for r in results:
+        np.testing.assert_array_equal(r, expected)
+
+
+def test_garbage_collection_between_batches_changes_nothing(monkeypatch):
+    X, y = _data("regressor", n=120)
+    params = dict(
+        optimizer="nesterov", learning_rate_init=0.01, batch_size=16, max_iter=4, random_state=0
+    )
+    plain = OrtGradientRegressor(MLPRegressor(hidden_layer_sizes=(8,)), **params).fit(X, y)
+    original = TrainingEngine.train_batch
+
+    def train_batch(self, X_batch, y_batch, w_batch, lr):
+        # the batch arrays are views: collect everything collectable, then
+        # overwrite freed memory with a fresh allocation before the runtime reads
+        gc.collect()
+        np.full(X_batch.size * 4, 7.0)
+        return original(self, X_batch, y_batch, w_batch, lr)
+
+    monkeypatch.setattr(TrainingEngine, "train_batch", train_batch)
+    collected = OrtGradientRegressor(MLPRegressor(hidden_layer_sizes=(8,)), **params).fit(X, y)
+    np.testing.assert_array_equal(collected.predict(X), plain.predict(X))
+    assert collected.loss_curve_ == plain.loss_curve_
+
+
+def _fit_case(kind, X, y):
+    """Fit and predict on arbitrary input in a child process; say what happened."""
+    warnings.simplefilter("ignore")
+    cls = OrtGradientRegressor if kind == "regressor" else OrtGradientClassifier
+    est = cls(max_iter=2, random_state=0)
+    try:
+        est.fit(X, y)
+    except (ValueError, TypeError) as exc:
+        return ("refused", type(exc).__name__)
+    pred = est.predict(X)
+    finite = kind == "classifier" or bool(np.all(np.isfinite(pred)))
+    return ("trained", finite)
+
+
+SPECIAL = st.sampled_from([0.0, 1.0, -1.0, np.nan, np.inf, -np.inf, 1e38, -1e38, 1e-45, 3e30])
+
+
+@st.composite
+def _cases(draw):
+    n = draw(st.integers(0, 12))
+    d = draw(st.integers(0, 4))
+    dtype = draw(st.sampled_from([np.float32, np.float64, np.int64, np.bool_, object]))
+    values = draw(st.lists(st.one_of(SPECIAL, st.floats(-10, 10)), min_size=n * d, max_size=n * d))
+    X = np.array(values, dtype=np.float64).reshape(n, d)
+    with np.errstate(invalid="ignore", over="ignore"):
+        X = X.astype(dtype) if dtype is not np.int64 else np.nan_to_num(X).astype(np.int64)
+    if draw(st.booleans()):
+        X = X.ravel() if draw(st.booleans()) else X[..., None]
+    n_y = n + draw(st.sampled_from([0, 0, 0, 1, -1]))
+    kind = draw(st.sampled_from(["regressor", "classifier"]))
+    y_values = draw(
+        st.lists(
+            st.one_of(SPECIAL, st.integers(0, 2).map(float)),
+            min_size=max(n_y, 0),
+            max_size=max(n_y, 0),
+        )
+    )
+    y = np.array(y_values, dtype=np.float64)
+    if kind == "classifier" and draw(st.booleans()):
+        with np.errstate(invalid="ignore", over="ignore"):
+            y = np.nan_to_num(y).astype(np.int64).astype(str)
+    return kind, X, y
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(case=_cases())
+def test_fuzzed_inputs_never_abort_the_process(case):
+    kind, X, y = case
+    exitcode, status, payload = run_isolated(_fit_case, kind, X, y)
+    assert exitcode == 0, f"the process died (exit code {exitcode}) on {kind} X={X!r} y={y!r}"
+    assert status == "ok", payload
+    outcome, detail = payload
+    assert outcome in ("refused", "trained")
+    if outcome == "trained":
+        assert detail, f"non-finite predictions on X={X!r}"
