@@ -2,6 +2,7 @@
 # Set up a virtual environment and run the demo or the tests.
 #   ./dev.sh demo    install, then train an MLP on the diabetes data
 #   ./dev.sh test    install with the test extras, then lint and run the tests
+#   ./dev.sh docs    install with the test extras, then build docs/_build/html (warnings fail)
 # PYTHON selects the interpreter (3.10 to 3.12), VENV the environment folder.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -30,8 +31,12 @@ case "${1:-}" in
         "$VENV/bin/python" -m ruff format --check onnxgrad_sklearn tests
         exec "$VENV/bin/python" -m pytest "$@"
         ;;
+    docs)
+        setup "[test]"
+        exec "$VENV/bin/python" -m sphinx -W --keep-going -b html docs docs/_build/html
+        ;;
     *)
-        echo "usage: ./dev.sh demo|test [args]" >&2
+        echo "usage: ./dev.sh demo|test|docs [args]" >&2
         exit 2
         ;;
 esac

@@ -1,9 +1,9 @@
 """Train scikit-learn models on onnxruntime-training.
 
-The estimators :class:`OrtGradientRegressor` take a scikit-learn model (or a
-Pipeline ending in one), convert it to ONNX with skl2onnx, and train its
-weights with onnxruntime-training's forward/backward ``TrainingAgent`` and
-optimizers written as ONNX graphs.
+The estimators :class:`OrtGradientRegressor` and :class:`OrtGradientClassifier`
+take a scikit-learn model (or a Pipeline ending in one), convert it to ONNX with
+skl2onnx, and train its weights with onnxruntime-training's forward/backward
+``TrainingAgent`` and optimizers written as ONNX graphs.
 """
 
 import logging

@@ -373,6 +373,7 @@ class BaseOrtGradient(BaseEstimator):
         max_iter = 1 if incremental else self.max_iter
         bar = _progress(self.verbose, max_iter, type(self).__name__)
         self.n_iter_ = 0  # per call, partial_fit included, as MLPRegressor counts
+        diverged = False
         try:
             for _ in range(max_iter):
                 if self.shuffle:
@@ -394,6 +395,7 @@ class BaseOrtGradient(BaseEstimator):
                     )
                     raise
                 if epoch_loss is None:  # diverged, weights set back, warned
+                    diverged = True
                     break
                 self.n_iter_ += 1
                 self.loss_ = epoch_loss
@@ -431,11 +433,10 @@ class BaseOrtGradient(BaseEstimator):
                         ConvergenceWarning,
                         stacklevel=4,
                     )
-            else:
-                # The last update was not followed by a forward pass: check it here.
-                if not engine.weights_are_finite():
-                    engine.undo_last_step()
-                    self._diverged(np.nan, self.n_iter_, None)
+            # The last update was not followed by a forward pass: check it here.
+            if not diverged and not engine.is_finite(X[-batch_size:]):
+                engine.undo_last_step()
+                self._diverged(np.nan, self.n_iter_, None)
         finally:
             if bar is not None:
                 bar.close()
@@ -494,7 +495,11 @@ class BaseOrtGradient(BaseEstimator):
         for k, w in zip(self._trained_indices(), trained):
             values[k] = w
         conv.model = conv.with_values(values)
-        conv.write_back(final_estimator(self.estimator_), values)
+        final = final_estimator(self.estimator_)
+        conv.write_back(final, values)
+        if hasattr(final, "loss_curve_"):  # an MLP: its own counters follow the training
+            final.n_iter_, final.t_ = self.n_iter_, self.t_
+            final.loss_curve_ = list(final.loss_curve_) + self.loss_curve_[-self.n_iter_ :]
         self._export_model = self._export()
         self._make_sessions()
 

@@ -212,14 +212,11 @@ class TrainingEngine:
 
     # state -------------------------------------------------------------
     def reset_optimizer(self) -> None:
-        """Start the optimizer state afresh (zeros) and its step count at 0."""
+        """Start the optimizer state afresh (``init_state`` of each weight), step count 0."""
         self.step = 0
         self.state = [
-            [
-                to_ortvalue(s, self.device)
-                for s in self.optimizer.init_state(np.zeros(shape, np.float32)).values()
-            ]
-            for shape in self.shapes
+            [to_ortvalue(s, self.device) for s in self.optimizer.init_state(w).values()]
+            for w in self.get_weights()
         ]
 
     def checkpoint(self):
@@ -238,9 +235,11 @@ class TrainingEngine:
             self.restore(previous)
             self._previous = None
 
-    def weights_are_finite(self) -> bool:
-        """Return whether every weight is finite."""
-        return all(np.isfinite(w.numpy()).all() for w in self.weights)
+    def is_finite(self, X: np.ndarray) -> bool:
+        """Return whether every weight and every prediction on ``X`` is finite."""
+        if not all(np.isfinite(w.numpy()).all() for w in self.weights):
+            return False
+        return bool(np.isfinite(self.predict(X)).all())
 
     def get_weights(self) -> list[np.ndarray]:
         """Return copies of the current weights."""

@@ -193,8 +193,18 @@ class _MLPFamily(_Family):
         est.n_features_in_ = n_features
         est.n_outputs_ = n_outputs
         est.n_layers_ = len(units)
+        # What MLPRegressor._initialize sets, so that estimator_ can go on with
+        # scikit-learn's own partial_fit.
         est.n_iter_ = 0
         est.t_ = 0
+        est.loss_curve_ = []
+        est._no_improvement_count = 0
+        est.best_loss_ = np.inf
+        est.validation_scores_ = None
+        est.best_validation_score_ = None
+        est._random_state = rng
+        est._best_coefs = [c.copy() for c in est.coefs_]
+        est._best_intercepts = [i.copy() for i in est.intercepts_]
         if not is_classifier(est):
             est.out_activation_ = "identity"
 

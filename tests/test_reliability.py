@@ -314,3 +314,15 @@ def test_fuzzed_inputs_never_abort_the_process(case):
     assert outcome in ("refused", "trained")
     if outcome == "trained":
         assert detail, f"non-finite predictions on X={X!r}"
+
+
+def test_partial_fit_divergence_on_the_last_update_is_caught():
+    X, y = _data("regressor", n=60)
+    est = OrtGradientRegressor(learning_rate_init=1e38, batch_size=60)
+    with pytest.raises(ConvergenceError, match="the last update of epoch 1"):
+        est.partial_fit(X, y)
+    assert np.all(np.isfinite(est.predict(X)))
+    est.set_params(on_divergence="warn")
+    with pytest.warns(ConvergenceWarning, match="diverged"):
+        est.partial_fit(X, y)
+    assert np.all(np.isfinite(est.predict(X)))

@@ -285,3 +285,21 @@ def test_grid_search_on_a_dask_cluster_matches_one_process():
     np.testing.assert_array_equal(
         remote.cv_results_["mean_test_score"], local.cv_results_["mean_test_score"]
     )
+
+
+def test_trained_mlp_continues_with_scikit_learn_partial_fit():
+    X, y = _regression()
+    X = StandardScaler().fit_transform(X)
+    reg = OrtGradientRegressor(
+        MLPRegressor(hidden_layer_sizes=(6,), solver="sgd", learning_rate_init=0.01),
+        optimizer="momentum",
+        max_iter=4,
+        random_state=0,
+    ).fit(X, y)
+    mlp = reg.estimator_
+    assert mlp.n_iter_ == 4 and mlp.t_ == reg.t_
+    assert mlp.loss_curve_ == reg.loss_curve_
+    before = mlp.predict(X)
+    mlp.partial_fit(X, y)
+    assert mlp.t_ == reg.t_ + len(y)
+    assert rel_error(mlp.predict(X), before) > 1e-4
