@@ -371,7 +371,7 @@ class BaseOrtGradient(BaseEstimator):
         batch_size = self._batch_size(n_samples)
         sample_idx = np.arange(n_samples)
         max_iter = 1 if incremental else self.max_iter
-        bar = _progress(self.verbose, max_iter, type(self).__name__)
+        bar = _progress(self.verbose >= 1, max_iter, type(self).__name__, "epoch")
         self.n_iter_ = 0  # per call, partial_fit included, as MLPRegressor counts
         diverged = False
         try:
@@ -447,13 +447,24 @@ class BaseOrtGradient(BaseEstimator):
         """Train one epoch; return its mean loss, or None after a divergence."""
         accumulated = 0.0
         lr = self._schedule.learning_rate
-        for number, batch in enumerate(gen_batches(X.shape[0], batch_size), 1):
-            batch_loss = engine.train_batch(X[batch], y2d[batch], sample_weight[batch], lr)
-            if not np.isfinite(batch_loss):
-                engine.undo_last_step()
-                self._diverged(batch_loss, self.n_iter_ + 1, number)
-                return None
-            accumulated += batch_loss * (batch.stop - batch.start)
+        batches = list(gen_batches(X.shape[0], batch_size))
+        bar = _progress(
+            self.verbose >= 2, len(batches), f"epoch {self.n_iter_ + 1}", "batch", leave=False
+        )
+        try:
+            for number, batch in enumerate(batches, 1):
+                batch_loss = engine.train_batch(X[batch], y2d[batch], sample_weight[batch], lr)
+                if not np.isfinite(batch_loss):
+                    engine.undo_last_step()
+                    self._diverged(batch_loss, self.n_iter_ + 1, number)
+                    return None
+                accumulated += batch_loss * (batch.stop - batch.start)
+                if bar is not None:
+                    bar.set_postfix(loss=f"{batch_loss:.6g}", refresh=False)
+                    bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
         return accumulated / X.shape[0]
 
     def _diverged(self, loss, epoch, batch):
@@ -551,9 +562,10 @@ class BaseOrtGradient(BaseEstimator):
         return dict(zip(names, session.run(None, {session.get_inputs()[0].name: X})))
 
 
-def _progress(verbose, total, desc):
-    if not verbose:
+def _progress(show, total, desc, unit, leave=True):
+    """A tqdm progress bar on stderr, or None when ``show`` is false."""
+    if not show:
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=desc, unit="epoch", leave=True)
+    return tqdm(total=total, desc=desc, unit=unit, leave=leave)

@@ -424,3 +424,16 @@ def test_plain_onnxruntime_is_refused_at_import(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert "IMPORTERROR" in out.stdout
     assert "pip install onnxruntime-training-cpu==1.19.2" in out.stdout
+
+
+def test_verbose_shows_progress_bars_over_epochs_and_batches(regression_data, capsys):
+    X, y = regression_data
+    OrtGradientRegressor(max_iter=3, batch_size=40, verbose=1).fit(X, y)
+    err = capsys.readouterr().err
+    assert "3/3" in err and "epoch" in err and "loss=" in err
+    assert "batch" not in err
+    OrtGradientRegressor(max_iter=2, batch_size=40, verbose=2).fit(X, y)
+    err = capsys.readouterr().err
+    assert "/3 [" in err and "batch/s" in err  # 120 rows in batches of 40
+    OrtGradientRegressor(max_iter=2).fit(X, y)
+    assert capsys.readouterr().err == ""
