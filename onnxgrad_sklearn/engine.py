@@ -133,10 +133,12 @@ def weights_as_inputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.Mode
     return out
 
 
-def session_options() -> onnxruntime.SessionOptions:
-    """Session options shared by the training sessions."""
+def session_options(threads: int = 0) -> onnxruntime.SessionOptions:
+    """Session options of the package's sessions (``threads=0``: the runtime's default)."""
     so = onnxruntime.SessionOptions()
     so.log_severity_level = 3
+    if threads:
+        so.intra_op_num_threads = threads
     return so
 
 
@@ -197,8 +199,13 @@ class TrainingEngine:
         start = [onnx.numpy_helper.to_array(inits[n]) for n in self.weight_names]
         self.shapes = [w.shape for w in start]
         update_model = optimizer.build_update_model(self.shapes)
+        # Element-wise updates gain nothing from a thread pool of their own, whose
+        # threads would compete with the training session's (measured: Adam's update
+        # of a 100-256-256-1 MLP takes 0.3 ms on one thread, 0.4-0.8 ms on two).
         self._update = onnxruntime.InferenceSession(
-            update_model.SerializeToString(), sess_options=so, providers=self.providers
+            update_model.SerializeToString(),
+            sess_options=session_options(threads=1),
+            providers=self.providers,
         )
         self._update_inputs = [i.name for i in self._update.get_inputs()]
         predict_model = weights_as_inputs(model, self.weight_names)
@@ -207,6 +214,7 @@ class TrainingEngine:
         )
         self._predict_inputs = [i.name for i in self._predict.get_inputs()]
         self._one = to_ortvalue(np.array(1.0, dtype=np.float32), device)
+        self._lr = to_ortvalue(np.array(0.0, dtype=np.float32), device)
         self.weights: list[OrtValue] = [to_ortvalue(w, device) for w in start]
         self.reset_optimizer()
 
@@ -293,8 +301,8 @@ class TrainingEngine:
         self._previous = self.checkpoint()
         self.step += 1
         lr = self.optimizer.step_learning_rate(learning_rate, self.step)
-        lr_value = to_ortvalue(np.array(lr, dtype=np.float32), self.device)
-        feeds = [lr_value]
+        self._lr.update_inplace(np.array(lr, dtype=np.float32))
+        feeds = [self._lr]
         for w, gr, st in zip(self.weights, grads, self.state):
             feeds.append(w)
             feeds.append(gr)

@@ -452,10 +452,9 @@ class OrtGradientForwardBackward:
         )
         self._n_user_outputs = len(self.graph_info.user_output_names)
         self._n_feeds = len(grad_inputs)
-        self.eval_session = onnxruntime.InferenceSession(
-            forward_bytes, sess_options=session_options, providers=self.providers
-        )
-        self._eval_input_names = [i.name for i in self.eval_session.get_inputs()]
+        self._forward_bytes = forward_bytes
+        self._session_options = session_options
+        self._eval_session = None
         logger.debug(
             "gradient graph built: %d nodes, %d forward outputs",
             len(self.gradient_model.graph.node),
@@ -550,6 +549,15 @@ class OrtGradientForwardBackward:
         list of OrtValue
             One value per user output.
         """
-        return run_with_ortvalues(
-            self.eval_session, self._eval_input_names, list(inputs) + list(weights)
-        )
+        session = self.eval_session
+        names = [i.name for i in session.get_inputs()]
+        return run_with_ortvalues(session, names, list(inputs) + list(weights))
+
+    @property
+    def eval_session(self) -> onnxruntime.InferenceSession:
+        """Session on the forward graph with the weights as inputs (made on first use)."""
+        if self._eval_session is None:
+            self._eval_session = onnxruntime.InferenceSession(
+                self._forward_bytes, sess_options=self._session_options, providers=self.providers
+            )
+        return self._eval_session
