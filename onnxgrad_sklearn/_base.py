@@ -285,8 +285,8 @@ class BaseOrtGradient(BaseEstimator):
             self.learning_rate, self.learning_rate_init, self.power_t
         )
         self._engine_key = None
-        self.__dict__.pop("_engine", None)
-        self.__dict__.pop("_optimizer_state", None)
+        for stale in ("_engine", "_optimizer_state", "_export_converted"):
+            self.__dict__.pop(stale, None)
         logger.info(
             "%s %s: %d trained tensors (%s)",
             "fine-tuning" if fine_tuned else "training",

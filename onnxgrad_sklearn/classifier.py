@@ -13,7 +13,7 @@ from sklearn.utils.multiclass import check_classification_targets, type_of_targe
 
 from ._base import BaseOrtGradient
 from .losses import BaseLoss, LogLoss, OneVsRestLogLoss
-from .templates import export_model, final_estimator, logit_model
+from .templates import convert_template, export_model, final_estimator, logit_model
 
 __all__ = ["OrtGradientClassifier"]
 
@@ -260,7 +260,17 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         )
 
     def _export(self):
-        return export_model(self.estimator_, self.n_features_in_)
+        # The exported classifier graph is converted once per template; later
+        # exports write the trained weights into it. A graph whose weights cannot
+        # be located (binary LogisticRegression stores [-w, w]) is converted each time.
+        located = self.__dict__.get("_export_converted")
+        if located is None:
+            try:
+                located = convert_template(self.estimator_, self.n_features_in_)
+            except ValueError:
+                return export_model(self.estimator_, self.n_features_in_)
+            self._export_converted = located
+        return located.with_values(located.values_from(final_estimator(self.estimator_)))
 
     @staticmethod
     def _logits_to_index(logits):

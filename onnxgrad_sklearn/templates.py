@@ -405,6 +405,14 @@ class ConvertedTemplate:
                 init.CopyFrom(numpy_helper.from_array(array.reshape(tuple(init.dims)), init.name))
         return model
 
+    def values_from(self, final) -> list[np.ndarray]:
+        """Return the parameters of ``final`` laid out as this graph's initializers."""
+        values = []
+        for ref, layout in zip(self.params, self.layouts):
+            value = ref.get(final).astype(np.float32)
+            values.append(value.T if layout == "transpose" else value)
+        return values
+
     def write_back(self, final, values) -> None:
         """Store initializer ``values`` into the parameters of ``final`` (in place)."""
         for ref, layout, value in zip(self.params, self.layouts, values):
@@ -516,10 +524,5 @@ def convert_template(est, n_features: int) -> ConvertedTemplate:
         names.append(found[0][0])
         layouts.append(found[0][1])
     converted = ConvertedTemplate(model, params, names, layouts, model.graph.output[0].name)
-    converted.model = converted.with_values(
-        [
-            (v.T if layout == "transpose" else v).astype(np.float32)
-            for v, layout in zip(values, layouts)
-        ]
-    )
+    converted.model = converted.with_values(converted.values_from(final))
     return converted
