@@ -303,3 +303,27 @@ def test_trained_mlp_continues_with_scikit_learn_partial_fit():
     mlp.partial_fit(X, y)
     assert mlp.t_ == reg.t_ + len(y)
     assert rel_error(mlp.predict(X), before) > 1e-4
+
+
+def test_randomized_search_and_tags_follow_the_template():
+    from scipy.stats import loguniform
+    from sklearn.linear_model import LinearRegression, SGDRegressor
+    from sklearn.model_selection import RandomizedSearchCV
+    from sklearn.utils import get_tags
+
+    X, y = _regression()
+    search = RandomizedSearchCV(
+        OrtGradientRegressor(optimizer="adam", max_iter=5, random_state=0),
+        {"learning_rate_init": loguniform(1e-3, 1e-1), "alpha": [1e-4, 1e-2]},
+        n_iter=4,
+        cv=2,
+        random_state=0,
+    ).fit(X, y)
+    assert len(search.cv_results_["mean_test_score"]) == 4
+    assert search.best_estimator_.n_iter_ == 5
+    assert get_tags(OrtGradientRegressor(LinearRegression())).target_tags.multi_output
+    assert get_tags(OrtGradientRegressor(MLPRegressor())).target_tags.multi_output
+    assert not get_tags(OrtGradientRegressor(SGDRegressor())).target_tags.multi_output
+    assert not get_tags(OrtGradientClassifier()).target_tags.multi_output
+    assert get_tags(OrtGradientClassifier()).estimator_type == "classifier"
+    assert get_tags(OrtGradientRegressor()).estimator_type == "regressor"
