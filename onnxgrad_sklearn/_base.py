@@ -197,10 +197,11 @@ class BaseOrtGradient(BaseEstimator):
         tags = super().__sklearn_tags__()
         final = final_estimator(self._template())
         try:
-            template_tags = get_tags(final)
-            tags.target_tags.multi_output = (
-                template_tags.target_tags.multi_output and not is_classifier(self)
+            # MLPRegressor takes a 2-D y without saying so in its tags.
+            multi = get_tags(final).target_tags.multi_output or type(final).__name__ == (
+                "MLPRegressor"
             )
+            tags.target_tags.multi_output = multi and not is_classifier(self)
         except Exception:  # an unsupported template: fit will say why
             tags.target_tags.multi_output = False
         tags.input_tags.sparse = False
