@@ -377,14 +377,13 @@ class BaseOrtGradient(BaseEstimator):
         diverged = False
         try:
             for _ in range(max_iter):
+                order = None
                 if self.shuffle:
                     sample_idx = shuffle(sample_idx, random_state=rng)
-                    Xe, ye, we = X[sample_idx], y2d[sample_idx], sample_weight[sample_idx]
-                else:
-                    Xe, ye, we = X, y2d, sample_weight
+                    order = sample_idx
                 checkpoint = engine.checkpoint()
                 try:
-                    epoch_loss = self._run_epoch(engine, Xe, ye, we, batch_size)
+                    epoch_loss = self._run_epoch(engine, (X, y2d, sample_weight), order, batch_size)
                 except KeyboardInterrupt:
                     engine.restore(checkpoint)
                     warnings.warn(
@@ -444,17 +443,34 @@ class BaseOrtGradient(BaseEstimator):
         if early_stopping:
             engine.set_weights(best_weights)
 
-    def _run_epoch(self, engine, X, y2d, sample_weight, batch_size):
-        """Train one epoch; return its mean loss, or None after a divergence."""
+    def _run_epoch(self, engine, arrays, order, batch_size):
+        """Train one epoch; return its mean loss, or None after a divergence.
+
+        ``arrays`` are X, the targets and the sample weights; ``order`` is the
+        epoch's permutation of the rows (None: consecutive slices, zero copy).
+        Shuffled batches are gathered into buffers of one batch, reused: the
+        data is never copied whole.
+        """
+        n_samples = arrays[0].shape[0]
         accumulated = 0.0
         lr = self._schedule.learning_rate
-        batches = list(gen_batches(X.shape[0], batch_size))
+        batches = list(gen_batches(n_samples, batch_size))
+        if order is not None:
+            buffers = [np.empty((batch_size,) + a.shape[1:], dtype=a.dtype) for a in arrays]
         bar = _progress(
             self.verbose >= 2, len(batches), f"epoch {self.n_iter_ + 1}", "batch", leave=False
         )
         try:
             for number, batch in enumerate(batches, 1):
-                batch_loss = engine.train_batch(X[batch], y2d[batch], sample_weight[batch], lr)
+                if order is None:
+                    feed = [a[batch] for a in arrays]
+                else:
+                    rows = order[batch]
+                    feed = [
+                        np.take(a, rows, axis=0, out=buf[: len(rows)])
+                        for a, buf in zip(arrays, buffers)
+                    ]
+                batch_loss = engine.train_batch(*feed, lr)
                 if not np.isfinite(batch_loss):
                     engine.undo_last_step()
                     self._diverged(batch_loss, self.n_iter_ + 1, number)
@@ -466,7 +482,7 @@ class BaseOrtGradient(BaseEstimator):
         finally:
             if bar is not None:
                 bar.close()
-        return accumulated / X.shape[0]
+        return accumulated / n_samples
 
     def _diverged(self, loss, epoch, batch):
         where = f"epoch {epoch}, batch {batch}" if batch else f"the last update of epoch {epoch}"
