@@ -214,6 +214,31 @@ class BaseOrtGradient(BaseEstimator):
 
     def _fit(self, X, y, sample_weight=None, incremental=False, classes=None):
         first_call = not ((self.warm_start or incremental) and hasattr(self, "_converted"))
+        # validate_data records the features of a new fit at once: put them back
+        # if a later check fails, so that a bad input leaves the estimator as it was.
+        recorded = ("n_features_in_", "feature_names_in_")
+        before = {k: self.__dict__[k] for k in recorded if k in self.__dict__}
+        try:
+            X, y2d, sample_weight, fitted, loss, optimizer = self._validate_fit_input(
+                X, y, sample_weight, first_call, incremental, classes
+            )
+            if first_call:
+                self._initialize(X, y2d, fitted)
+        except BaseException:
+            for k in recorded:
+                self.__dict__.pop(k, None)
+            self.__dict__.update(before)
+            raise
+        loss = self._resolve_loss(loss)
+        engine = self._get_engine(loss, optimizer, reset=not incremental)
+        try:
+            self._run_epochs(engine, X, y2d, sample_weight, incremental)
+        finally:
+            self._store_weights(engine.get_weights())
+        return self
+
+    def _validate_fit_input(self, X, y, sample_weight, first_call, incremental, classes):
+        """Check everything a fit receives, before anything reaches the runtime."""
         X, y = validate_data(
             self,
             X,
@@ -228,7 +253,7 @@ class BaseOrtGradient(BaseEstimator):
                 "A column-vector y was passed when a 1d array was expected. Please "
                 "change the shape of y to (n_samples,), for example using ravel().",
                 DataConversionWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
             y = y.ravel()
         X = np.ascontiguousarray(X, dtype=np.float32)
@@ -243,16 +268,7 @@ class BaseOrtGradient(BaseEstimator):
                 f"y has {self._n_model_outputs(y2d)} outputs, the estimator was fitted "
                 f"with {self.n_outputs_}."
             )
-        # Nothing of the estimator changed so far: a bad input leaves it as it was.
-        if first_call:
-            self._initialize(X, y2d, fitted)
-        loss = self._resolve_loss(loss)
-        engine = self._get_engine(loss, optimizer, reset=not incremental)
-        try:
-            self._run_epochs(engine, X, y2d, sample_weight, incremental)
-        finally:
-            self._store_weights(engine.get_weights())
-        return self
+        return X, y2d, sample_weight, fitted, loss, optimizer
 
     def _initialize(self, X, y2d, fitted):
         template = self._template()

@@ -99,6 +99,10 @@ def test_bad_targets_raise_before_training(kind):
             est.fit(X, np.zeros(len(y), dtype=int))
     with pytest.raises(ValueError, match="sample_weight.shape"):
         est.fit(X, y, sample_weight=np.ones(3))
+    # a new fit may change the number of features, but a failed one changes nothing
+    with pytest.raises(ValueError, match="sample_weight.shape"):
+        est.fit(X[:, :3], y, sample_weight=np.ones(3))
+    assert est.n_features_in_ == 4
     np.testing.assert_array_equal(est.predict(X), before)
 
 
