@@ -450,7 +450,8 @@ class BaseOrtGradient(BaseEstimator):
                         stacklevel=4,
                     )
             # The last update was not followed by a forward pass: check it here.
-            if not diverged and not engine.is_finite(X[-batch_size:]):
+            last = slice(max(n_samples - batch_size, 0), n_samples)
+            if not diverged and not engine.is_finite(X[last], y2d[last], sample_weight[last]):
                 engine.undo_last_step()
                 self._diverged(np.nan, self.n_iter_, None)
         finally:

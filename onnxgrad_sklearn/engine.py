@@ -208,11 +208,8 @@ class TrainingEngine:
             providers=self.providers,
         )
         self._update_inputs = [i.name for i in self._update.get_inputs()]
-        predict_model = weights_as_inputs(model, self.weight_names)
-        self._predict = onnxruntime.InferenceSession(
-            predict_model.SerializeToString(), sess_options=so, providers=self.providers
-        )
-        self._predict_inputs = [i.name for i in self._predict.get_inputs()]
+        self._model = model  # its predict session is made on first use
+        self._predict = None
         self._one = to_ortvalue(np.array(1.0, dtype=np.float32), device)
         self._lr = to_ortvalue(np.array(0.0, dtype=np.float32), device)
         self.weights: list[OrtValue] = [to_ortvalue(w, device) for w in start]
@@ -243,11 +240,11 @@ class TrainingEngine:
             self.restore(previous)
             self._previous = None
 
-    def is_finite(self, X: np.ndarray) -> bool:
-        """Return whether every weight and every prediction on ``X`` is finite."""
+    def is_finite(self, X: np.ndarray, y: np.ndarray, sample_weight: np.ndarray) -> bool:
+        """Return whether every weight, and the loss on a batch, are finite."""
         if not all(np.isfinite(w.numpy()).all() for w in self.weights):
             return False
-        return bool(np.isfinite(self.predict(X)).all())
+        return bool(np.isfinite(self.loss(X, y, sample_weight)))
 
     def get_weights(self) -> list[np.ndarray]:
         """Return copies of the current weights."""
@@ -313,6 +310,33 @@ class TrainingEngine:
         self.state = [results[i * k + 1 : (i + 1) * k] for i in range(len(self.weights))]
         return loss
 
+    def _forward(self, X, y, sample_weight):
+        X = np.ascontiguousarray(X, dtype=np.float32)
+        y = np.ascontiguousarray(np.reshape(y, (X.shape[0], -1)), dtype=np.float32)
+        if sample_weight is None:
+            sample_weight = np.ones(X.shape[0], dtype=np.float32)
+        sample_weight = np.ascontiguousarray(sample_weight, dtype=np.float32)
+        outputs, state = self.forward_backward.forward(
+            [self._feed(X), self._feed(y), self._feed(sample_weight)], self.weights
+        )
+        # The backward pass reads the batch through the state: the caller keeps
+        # the arrays (third item) alive until it is done.
+        return float(outputs[0].numpy()), state, (X, y, sample_weight)
+
+    def loss(self, X: np.ndarray, y: np.ndarray, sample_weight: np.ndarray | None = None) -> float:
+        """Return the loss (penalty included) on ``X``, ``y`` with the current weights.
+
+        Parameters
+        ----------
+        X : ndarray of shape (n_samples, n_features)
+            Samples.
+        y : ndarray of shape (n_samples, n_outputs)
+            Targets.
+        sample_weight : ndarray of shape (n_samples,), default=None
+            Weights (ones by default).
+        """
+        return self._forward(X, y, sample_weight)[0]
+
     def loss_and_gradients(
         self, X: np.ndarray, y: np.ndarray, sample_weight: np.ndarray | None = None
     ) -> tuple[float, list[np.ndarray]]:
@@ -327,22 +351,21 @@ class TrainingEngine:
         sample_weight : ndarray of shape (n_samples,), default=None
             Weights (ones by default).
         """
-        X = np.ascontiguousarray(X, dtype=np.float32)
-        y = np.ascontiguousarray(np.reshape(y, (X.shape[0], -1)), dtype=np.float32)
-        if sample_weight is None:
-            sample_weight = np.ones(X.shape[0], dtype=np.float32)
-        sample_weight = np.ascontiguousarray(sample_weight, dtype=np.float32)
-        fb = self.forward_backward
-        outputs, state = fb.forward(
-            [self._feed(X), self._feed(y), self._feed(sample_weight)], self.weights
-        )
-        loss = float(outputs[0].numpy())
-        grads = fb.backward([self._one], state)
+        loss, state, batch = self._forward(X, y, sample_weight)
+        grads = self.forward_backward.backward([self._one], state)
+        del batch  # no longer read
         return loss, [g.numpy().copy() for g in grads]
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         """Return the model's predictions for ``X`` with the current weights."""
+        if self._predict is None:
+            self._predict = onnxruntime.InferenceSession(
+                weights_as_inputs(self._model, self.weight_names).SerializeToString(),
+                sess_options=session_options(),
+                providers=self.providers,
+            )
+        names = [i.name for i in self._predict.get_inputs()]
         X = np.ascontiguousarray(X, dtype=np.float32)
         feeds = [self._feed(X)] + self.weights
-        out = run_with_ortvalues(self._predict, self._predict_inputs, feeds, [self.output_name])
+        out = run_with_ortvalues(self._predict, names, feeds, [self.output_name])
         return out[0].numpy().copy()

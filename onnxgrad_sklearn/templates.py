@@ -118,6 +118,14 @@ class _Family:
     def initialize(self, est, n_features: int, n_outputs: int, rng) -> None:
         raise NotImplementedError
 
+    def logit_model(self, est):
+        """Return a regressor whose prediction is ``est``'s logits, sharing its arrays."""
+        raise NotImplementedError
+
+    def marker_shapes(self, values):
+        """Shapes of the markers the template is converted with (default: the real ones)."""
+        return [np.shape(v) for v in values]
+
 
 class _LinearFamily(_Family):
     name = "linear"
@@ -159,6 +167,14 @@ class _LinearFamily(_Family):
 
 class _MLPFamily(_Family):
     name = "mlp"
+
+    def marker_shapes(self, values):
+        # Hidden layers of 2, 3, 4... units: distinct, so every dimension of a
+        # marker tells which dimension of the real array it stands for.
+        n = len(values) // 2
+        sizes = [values[0].shape[0]] + [k + 2 for k in range(n - 1)] + [values[n - 1].shape[1]]
+        coefs = [(sizes[k], sizes[k + 1]) for k in range(n)]
+        return coefs + [(sizes[k + 1],) for k in range(n)]
 
     def logit_model(self, est):
         from sklearn.neural_network import MLPRegressor
@@ -491,14 +507,28 @@ def convert_template(est, n_features: int) -> ConvertedTemplate:
     family = _family(final)
     params = family.params(final)
     values = [ref.get(final) for ref in params]
+    # skl2onnx writes initializers element by element: an MLP is converted with
+    # small hidden layers (its graph does not depend on their sizes), then the
+    # initializers get the real arrays. Full-size markers are the fallback.
+    for shapes in (family.marker_shapes(values), [v.shape for v in values]):
+        try:
+            return _convert_with_markers(est, final, params, values, shapes, n_features)
+        except _LayoutError:
+            continue
+    raise AssertionError("unreachable: full-size markers always have a layout")
 
-    # Convert a copy whose parameters hold distinct random markers.
+
+class _LayoutError(Exception):
+    """The real shape of an initializer cannot be told from the small markers."""
+
+
+def _convert_with_markers(est, final, params, values, shapes, n_features):
     marker_final = copy.deepcopy(final)
     rng = np.random.RandomState(1234)
     markers = []
-    for ref, value in zip(params, values):
-        marker = rng.uniform(1.0, 2.0, size=value.shape).astype(np.float32).astype(np.float64)
-        if value.ndim == 0:
+    for ref, shape in zip(params, shapes):
+        marker = rng.uniform(1.0, 2.0, size=shape).astype(np.float32).astype(np.float64)
+        if len(shape) == 0:
             marker = marker.reshape(())
         ref.set(marker_final, marker)
         markers.append(np.asarray(marker))
@@ -523,6 +553,26 @@ def convert_template(est, n_features: int) -> ConvertedTemplate:
             )
         names.append(found[0][0])
         layouts.append(found[0][1])
+    by_name = {i.name: i for i in model.graph.initializer}
+    for name, layout, marker, value in zip(names, layouts, markers, values):
+        dims = _real_dims(tuple(by_name[name].dims), layout, marker.shape, value.shape)
+        by_name[name].CopyFrom(numpy_helper.from_array(np.zeros(dims, dtype=np.float32), name))
     converted = ConvertedTemplate(model, params, names, layouts, model.graph.output[0].name)
     converted.model = converted.with_values(converted.values_from(final))
     return converted
+
+
+def _real_dims(dims, layout, marker_shape, real_shape):
+    """Dimensions of an initializer holding ``real_shape`` where the marker gave ``dims``."""
+    marker_shape, real_shape = tuple(marker_shape), tuple(real_shape)
+    if marker_shape == real_shape:
+        return dims
+    if layout == "transpose":
+        return real_shape[::-1]
+    if dims == marker_shape:
+        return real_shape
+    if dims == (1,) + marker_shape:
+        return (1,) + real_shape
+    if dims == marker_shape + (1,):
+        return real_shape + (1,)
+    raise _LayoutError(f"initializer dims {dims} for a parameter of shape {marker_shape}")
