@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up a virtual environment and run the demo or the tests.
-#   ./dev.sh demo    install, then train an MLP on the diabetes data
+#   ./dev.sh demo    install (with matplotlib), then train an MLP on the diabetes data
 #   ./dev.sh test    install with the test extras, then lint and run the tests
 #   ./dev.sh docs    install with the test extras, then build docs/_build/html (warnings fail)
 # PYTHON selects the interpreter (3.10 to 3.12), VENV the environment folder.
@@ -20,7 +20,7 @@ setup() {
 
 case "${1:-}" in
     demo)
-        setup ""
+        setup "[plot]"
         shift
         exec "$VENV/bin/python" -m onnxgrad_sklearn.demo "$@"
         ;;
