@@ -497,7 +497,6 @@ class OrtGradientForwardBackward:
             session_options=session_options,
         )
         self._n_user_outputs = len(self.graph_info.user_output_names)
-        self._n_feeds = len(grad_inputs)
         self._forward_bytes = forward_bytes
         self._session_options = session_options
         self._eval_session = None
