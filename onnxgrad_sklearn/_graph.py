@@ -121,6 +121,23 @@ class GraphBuilder:
         self.nodes.append(helper.make_node("Identity", [a], [name], name=self.unique("n_id")))
         return name
 
+    def rename_output(self, a: str, name: str) -> str:
+        """Give the tensor ``a`` the name ``name``, without a copy when possible.
+
+        ``a`` is renamed in every node when one of this builder's nodes produces
+        it; otherwise (a graph input, a constant, or a tensor already renamed)
+        an Identity node copies it.
+        """
+        producers = [n for n in self.nodes if a in n.output]
+        if not producers or a == name:
+            return self.identity(a, name)
+        for node in self.nodes:
+            for field in (node.input, node.output):
+                for k, value in enumerate(field):
+                    if value == a:
+                        field[k] = name
+        return name
+
     def make_model(
         self,
         inputs: Sequence[onnx.ValueInfoProto],
