@@ -13,6 +13,7 @@ from conftest import rel_error
 from sklearn.base import clone
 from sklearn.compose import ColumnTransformer
 from sklearn.exceptions import ConvergenceWarning
+from sklearn.metrics import get_scorer
 from sklearn.model_selection import GridSearchCV, cross_val_score
 from sklearn.neural_network import MLPClassifier, MLPRegressor
 from sklearn.pipeline import make_pipeline
@@ -131,7 +132,10 @@ def test_sample_weight_is_routed_through_pipeline_and_grid_search():
         est = OrtGradientRegressor(**params).set_fit_request(sample_weight=True)
         est.set_score_request(sample_weight=True)
         pipe = make_pipeline(StandardScaler().set_fit_request(sample_weight=False), est)
-        search = GridSearchCV(pipe, {"ortgradientregressor__alpha": [1e-4, 1.0]}, cv=2)
+        scorer = get_scorer("r2").set_score_request(sample_weight=True)
+        search = GridSearchCV(
+            pipe, {"ortgradientregressor__alpha": [1e-4, 1.0]}, cv=2, scoring=scorer
+        )
         search.fit(X, y, sample_weight=sw)
         routed = search.best_estimator_[-1]
     Xs = StandardScaler().fit_transform(X)
