@@ -39,6 +39,7 @@ logger = logging.getLogger("onnxgrad_sklearn")
 Y_NAME = "y_true"
 SW_NAME = "sample_weight"
 LOSS_NAME = "loss"
+BATCH = "batch"
 
 
 def build_training_graph(
@@ -112,7 +113,13 @@ def build_training_graph(
     graph = out.graph
     graph.node.extend(g.nodes)
     graph.initializer.extend(g.initializers)
-    graph.input.extend([tensor_info(Y_NAME, [None, None]), tensor_info(SW_NAME, [None])])
+    # One symbol for the batch dimension of every input tells the gradient graph's
+    # rewrites (ortgrad.simplify_broadcast_gradients) which tensors share it.
+    for value in graph.input:
+        dims = value.type.tensor_type.shape.dim
+        if len(dims) and not dims[0].HasField("dim_value"):
+            dims[0].dim_param = BATCH
+    graph.input.extend([tensor_info(Y_NAME, [BATCH, None]), tensor_info(SW_NAME, [BATCH])])
     del graph.output[:]
     graph.output.append(tensor_info(LOSS_NAME, []))
     return out

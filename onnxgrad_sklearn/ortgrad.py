@@ -270,6 +270,113 @@ def rewrite_relu_grad(model: onnx.ModelProto) -> int:
     return count
 
 
+def _value_shapes(model: onnx.ModelProto) -> dict:
+    """Shapes of the graph's tensors: lists of ints and symbol names (None: unknown).
+
+    onnx's shape inference gives the shapes of the forward part; the gradient
+    ``T_grad`` of a tensor ``T`` has ``T``'s shape (the gradient builder's naming
+    rule).
+    """
+
+    def dims(value_info):
+        shape = value_info.type.tensor_type.shape
+        return [
+            d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in shape.dim
+        ]
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - no shapes, no rewrite
+        return {}
+    graph = inferred.graph
+    shapes = {
+        vi.name: dims(vi)
+        for vi in [*graph.input, *graph.value_info, *graph.output]
+        if vi.type.tensor_type.HasField("shape")
+    }
+    for node in graph.node:
+        for out in node.output:
+            if out.endswith("_grad") and out not in shapes and out[:-5] in shapes:
+                shapes[out] = shapes[out[:-5]]
+    return shapes
+
+
+def rewrite_batch_sums(model: onnx.ModelProto) -> int:
+    """Replace each ``ReduceSum`` over the batch axis of a 2-D tensor by a ``MatMul``, in place.
+
+    ``ReduceSum(dY, axes=[0])`` (the gradient of a bias row added to every
+    sample) becomes ``MatMul(ones, dY)`` with ``ones`` of shape ``(1, n)``, made
+    once per batch symbol from the shape of the first such ``dY``. Same values;
+    onnxruntime 1.19 sums a 256 x 256 tensor over its first axis in about 34 us
+    on 2 CPU cores, the matrix product takes about 6 us. The batch axis is one
+    whose size is a symbol (``batch`` in the engine's training graph). Returns
+    the number of nodes replaced.
+    """
+    nodes = list(model.graph.node)
+    if not any(n.op_type == "ReduceSum" for n in nodes):
+        return 0
+    shapes = _value_shapes(model)
+    constants = {init.name: onnx.numpy_helper.to_array(init) for init in model.graph.initializer}
+    rewritten, ones, count = [], {}, 0
+    for node in nodes:
+        att = {x.name: onnx.helper.get_attribute_value(x) for x in node.attribute}
+        grad = node.input[0] if node.input else ""
+        shape = shapes.get(grad)
+        axes = constants.get(node.input[1]) if len(node.input) > 1 else None
+        if (
+            node.op_type != "ReduceSum"
+            or node.domain not in ("", "ai.onnx")
+            or shape is None
+            or len(shape) != 2
+            or not isinstance(shape[0], str)
+            or axes is None
+            or [int(a) for a in np.ravel(axes)] not in ([0], [-2])
+        ):
+            rewritten.append(node)
+            continue
+        count += 1
+        symbol = shape[0]
+        if symbol not in ones:
+            base = f"batch_sum_ones_{len(ones)}"
+            rewritten.extend(
+                [
+                    onnx.helper.make_node("Shape", [grad], [base + "_n"], end=1, name=base + "_n"),
+                    onnx.helper.make_node(
+                        "ConstantOfShape",
+                        [base + "_n"],
+                        [base + "_vector"],
+                        value=onnx.numpy_helper.from_array(np.ones(1, np.float32)),
+                        name=base + "_vector",
+                    ),
+                    onnx.helper.make_node(
+                        "Unsqueeze", [base + "_vector", "batch_sum_axis0"], [base], name=base
+                    ),
+                ]
+            )
+            ones[symbol] = base
+        base = f"{node.name or node.output[0]}_matmul"
+        if att.get("keepdims", 1):
+            rewritten.append(
+                onnx.helper.make_node("MatMul", [ones[symbol], grad], list(node.output), name=base)
+            )
+        else:
+            rewritten.extend(
+                [
+                    onnx.helper.make_node("MatMul", [ones[symbol], grad], [base], name=base),
+                    onnx.helper.make_node(
+                        "Squeeze", [base, "batch_sum_axis0"], list(node.output), name=base + "_1d"
+                    ),
+                ]
+            )
+    if count:
+        model.graph.initializer.append(
+            onnx.numpy_helper.from_array(np.array([0], dtype=np.int64), "batch_sum_axis0")
+        )
+        del model.graph.node[:]
+        model.graph.node.extend(rewritten)
+    return count
+
+
 class TrainingAgent:
     """Run the forward and backward halves of a gradient graph.
 
@@ -466,7 +573,9 @@ class OrtGradientForwardBackward:
         forward_bytes = builder.get_forward_model()
         self.graph_info = builder.get_graph_info()
         self.gradient_model = onnx.load_from_string(gradient_bytes)
-        if rewrite_relu_grad(self.gradient_model):
+        rewritten = rewrite_relu_grad(self.gradient_model)
+        rewritten += rewrite_batch_sums(self.gradient_model)
+        if rewritten:
             gradient_bytes = self.gradient_model.SerializeToString()
         self.forward_model = onnx.load_from_string(forward_bytes)
         self._name_unnamed_nodes(self.gradient_model)

@@ -9,10 +9,10 @@ from onnxgrad_sklearn import OrtGradientForwardBackward
 from onnxgrad_sklearn.ortgrad import to_ortvalue
 
 
-def _model(W, b):
-    """y = tanh(X @ W + b), summed with weights c into one output per row."""
-    X = helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, W.shape[0]])
-    Y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, W.shape[1]])
+def _model(W, b, batch=None):
+    """Y = tanh(X @ W + b); ``batch`` names the batch dimension (None: unnamed)."""
+    X = helper.make_tensor_value_info("X", TensorProto.FLOAT, [batch, W.shape[0]])
+    Y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, [batch, W.shape[1]])
     nodes = [
         helper.make_node("MatMul", ["X", "W"], ["xw"]),
         helper.make_node("Add", ["xw", "b"], ["z"]),
@@ -68,6 +68,36 @@ def test_forward_backward_match_numpy_and_finite_differences():
         _model(W, b).SerializeToString(), providers=["CPUExecutionProvider"]
     )
     np.testing.assert_allclose(inference, sess.run(None, {"X": X})[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("bias_shape", [(4,), (1, 4)])
+def test_batch_sums_become_matmuls_with_the_same_gradients(bias_shape):
+    # With a named batch dimension the bias gradient is a sum over the batch axis,
+    # which rewrite_batch_sums turns into MatMul(ones, dY); without a name the
+    # builder keeps its run-time broadcasting nodes. Both give the same numbers,
+    # for every batch size the one session sees.
+    rng = np.random.RandomState(2)
+    W = rng.randn(3, 4).astype(np.float32)
+    b = rng.randn(*bias_shape).astype(np.float32)
+    named = OrtGradientForwardBackward(_model(W, b, batch="batch"), ["W", "b"])
+    plain = OrtGradientForwardBackward(_model(W, b), ["W", "b"])
+    ops = [n.op_type for n in named.gradient_model.graph.node]
+    assert "ReduceSum" not in ops and "BroadcastGradientArgs" not in ops
+    assert ops.count("MatMul") == 2  # forward, and the bias gradient
+    assert "ReduceSum" in [n.op_type for n in plain.gradient_model.graph.node]
+    weights = [to_ortvalue(W), to_ortvalue(b)]
+    for n in (1, 7, 64):
+        X = rng.randn(n, 3).astype(np.float32)
+        G = rng.randn(n, 4).astype(np.float32)
+        dz = G * (1 - np.tanh(X @ W + b) ** 2)
+        for fb in (named, plain):
+            _, state = fb.forward([to_ortvalue(X)], weights)
+            grad_W, grad_b = (g.numpy() for g in fb.backward([to_ortvalue(G)], state))
+            np.testing.assert_allclose(grad_W, X.T @ dz, rtol=1e-4, atol=1e-5)
+            assert grad_b.shape == bias_shape
+            np.testing.assert_allclose(
+                grad_b, dz.sum(axis=0).reshape(bias_shape), rtol=1e-4, atol=1e-5
+            )
 
 
 def test_interleaved_states_and_one_backward_per_state():
