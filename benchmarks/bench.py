@@ -329,9 +329,10 @@ def ort_phase_split(est, X, y) -> dict:
     The engine's objects are timed in place during a normal epoch:
     ``OrtGradientForwardBackward.forward`` (training forward up to the loss),
     ``.backward`` (gradients; the loss gradient is computed inside it, the loss
-    being part of the training graph), ``run_with_ortvalues`` as the engine calls
-    it (the update session), ``TrainingEngine._feed`` (zero-copy OrtValues of the
-    batch), ``TrainingEngine.train_batch`` (the whole step), the epoch shuffle and
+    being part of the training graph), ``run_with_ortvalues`` and ``BoundRun.run``
+    as the engine calls them (the update session), ``TrainingEngine._feed``
+    (zero-copy OrtValues of the batch), ``TrainingEngine.train_batch`` (the whole
+    step), the epoch shuffle and
     ``_run_epochs`` (the whole loop). ``glue`` is what ``train_batch`` spends
     outside the timed calls (loss read-back, learning-rate OrtValue, feed lists,
     bookkeeping); ``loop`` what the epoch loop spends outside ``train_batch``
@@ -344,7 +345,8 @@ def ort_phase_split(est, X, y) -> dict:
     probe = Probe()
     probe.wrap(OrtGradientForwardBackward, "forward", "forward")
     probe.wrap(OrtGradientForwardBackward, "backward", "backward")
-    probe.wrap(engine_module, "run_with_ortvalues", "update_run")
+    probe.wrap(engine_module, "run_with_ortvalues", "update_run")  # one output per weight
+    probe.wrap(engine_module.BoundRun, "run", "update_run")  # flat vectors, IO binding
     probe.wrap(engine_module.TrainingEngine, "_feed", "feed_wrap")
     probe.wrap(engine_module.TrainingEngine, "train_batch", "train_batch")
     probe.wrap(base_module, "shuffle", "shuffle")
@@ -618,59 +620,57 @@ def profile_engine(spec: dict, X, y, n_batches: int) -> dict:
 
 
 def ort_update_variants(est) -> dict:
-    """Time the engine's update call against one flat buffer, with and without IO binding."""
+    """Time one update of the engine's weights: one graph output per weight (new
+    OrtValues at every call) against the flat vectors written through IO binding
+    (what the engine uses for element-wise optimizers on CPU)."""
     import onnxruntime
-    from onnxruntime.capi import _pybind_state as C
 
-    from onnxgrad_sklearn.engine import session_options
+    from onnxgrad_sklearn.engine import _FlatBuffers, session_options
     from onnxgrad_sklearn.ortgrad import run_with_ortvalues, to_ortvalue
 
     eng = est._engine
     opt = eng.optimizer
     shapes = eng.shapes
-    k = 1 + len(opt.state_names)
     lr = to_ortvalue(np.array(1e-3, dtype=np.float32))
-    feeds = [lr]
-    for shape in shapes:
-        feeds.extend(to_ortvalue(np.zeros(shape, np.float32)) for _ in range(k + 1))
-    n_total = int(sum(int(np.prod(s)) for s in shapes))
-    flat_model = opt.build_update_model([(n_total,)])
-    flat = onnxruntime.InferenceSession(
-        flat_model.SerializeToString(), sess_options=session_options()
+    grads = [to_ortvalue(np.zeros(shape, np.float32)) for shape in shapes]
+    per_tensor = onnxruntime.InferenceSession(
+        opt.build_update_model(shapes).SerializeToString(), sess_options=session_options(1)
     )
-    flat_names = [i.name for i in flat.get_inputs()]
-    flat_feeds = [lr] + [to_ortvalue(np.zeros(n_total, np.float32)) for _ in range(k + 1)]
-    binding = C.SessionIOBinding(flat._sess)
-    for name, value in zip(flat_names, flat_feeds):
-        binding.bind_ortvalue_input(name, value)
-    # outputs new_param_0 then new_<state>_0, written over param_0 and the state inputs
-    in_place = [flat_feeds[1]] + flat_feeds[3:]
-    for out, value in zip(flat.get_outputs(), in_place):
-        binding.bind_ortvalue_output(out.name, value)
-    run_options = onnxruntime.RunOptions()
-    reps = 300
-    current, flat_ov, flat_io = [], [], []
-    for _ in range(5):
-        current.append(
-            time_calls(lambda: run_with_ortvalues(eng._update, eng._update_inputs, feeds), reps)
-        )
-        flat_ov.append(time_calls(lambda: run_with_ortvalues(flat, flat_names, flat_feeds), reps))
-        flat_io.append(
-            time_calls(lambda: flat._sess.run_with_iobinding(binding, run_options), reps)
-        )
-    return {
+    names = [i.name for i in per_tensor.get_inputs()]
+    feeds = [lr]
+    for shape, grad in zip(shapes, grads):
+        feeds.append(to_ortvalue(np.zeros(shape, np.float32)))
+        feeds.append(grad)
+        feeds.extend(to_ortvalue(np.zeros(shape, np.float32)) for _ in opt.state_names)
+    out = {
         "n_weight_tensors": len(shapes),
-        "n_params": n_total,
-        "update_graph_nodes": len(opt.build_update_model(shapes).graph.node),
-        "current_us": statistics.median(current),
-        "flat_buffer_us": statistics.median(flat_ov),
-        "flat_buffer_iobinding_inplace_us": statistics.median(flat_io),
-        "best_of_5_us": {
-            "current": min(current),
-            "flat_buffer": min(flat_ov),
-            "flat_buffer_iobinding_inplace": min(flat_io),
-        },
+        "n_params": int(sum(int(np.prod(s)) for s in shapes)),
+        "update_graph_nodes_per_tensor": len(opt.build_update_model(shapes).graph.node),
     }
+    reps = 300
+    timings = {"per_tensor_us": []}
+    calls = {"per_tensor_us": lambda: run_with_ortvalues(per_tensor, names, feeds)}
+    if opt.elementwise:
+        flat_model = opt.build_update_model(shapes, flat=True)
+        out["update_graph_nodes_flat"] = len(flat_model.graph.node)
+        flat = onnxruntime.InferenceSession(
+            flat_model.SerializeToString(), sess_options=session_options(1)
+        )
+        buffers = _FlatBuffers(shapes, opt.state_names, flat, lr)
+        bound = dict(zip(buffers.grad_names, grads))
+        timings["flat_iobinding_us"] = []
+
+        def flat_call():
+            buffers.runs[buffers.current].run(bound)
+            buffers.current ^= 1
+
+        calls["flat_iobinding_us"] = flat_call
+    for _ in range(5):
+        for key, call in calls.items():
+            timings[key].append(time_calls(call, reps))
+    out.update({key: statistics.median(v) for key, v in timings.items()})
+    out["best_of_5_us"] = {key: min(v) for key, v in timings.items()}
+    return out
 
 
 def ort_call_costs(est, X) -> dict:

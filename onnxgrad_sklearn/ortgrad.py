@@ -379,7 +379,7 @@ def rewrite_batch_sums(model: onnx.ModelProto) -> int:
         count += 1
         symbol = shape[0]
         if symbol not in ones:
-            base = f"batch_sum_ones_{len(ones)}"
+            base = f"BatchSum_Grad/ones_{len(ones)}"
             rewritten.extend(
                 [
                     onnx.helper.make_node("Shape", [grad], [base + "_n"], end=1, name=base + "_n"),
