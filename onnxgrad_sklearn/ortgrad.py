@@ -315,9 +315,9 @@ def rewrite_relu_grad(model: onnx.ModelProto) -> int:
 def _value_shapes(model: onnx.ModelProto) -> dict:
     """Shapes of the graph's tensors: lists of ints and symbol names (None: unknown).
 
-    onnx's shape inference gives the shapes of the forward part; the gradient
-    ``T_grad`` of a tensor ``T`` has ``T``'s shape (the gradient builder's naming
-    rule).
+    onnx's shape inference gives the shapes of the forward part; in the backward
+    part (after the ``YieldOp``) the gradient ``T_grad`` of a tensor ``T`` has
+    ``T``'s shape (the gradient builder's naming rule).
     """
 
     def dims(value_info):
@@ -336,8 +336,10 @@ def _value_shapes(model: onnx.ModelProto) -> dict:
         for vi in [*graph.input, *graph.value_info, *graph.output]
         if vi.type.tensor_type.HasField("shape")
     }
+    backward = False  # the naming rule holds for what the builder adds after the YieldOp
     for node in graph.node:
-        for out in node.output:
+        backward = backward or node.op_type == "YieldOp"
+        for out in node.output if backward else ():
             if out.endswith("_grad") and out not in shapes and out[:-5] in shapes:
                 shapes[out] = shapes[out[:-5]]
     return shapes
