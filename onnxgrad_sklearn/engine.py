@@ -115,8 +115,9 @@ def build_training_graph(
     graph = out.graph
     graph.node.extend(g.nodes)
     graph.initializer.extend(g.initializers)
-    # One symbol for the batch dimension of every input tells the gradient graph's
-    # rewrites (ortgrad.simplify_broadcast_gradients) which tensors share it.
+    # One symbol for the batch dimension of every input tells onnxruntime's gradient
+    # builder (broadcasting resolved when it builds the graph) and
+    # ortgrad.rewrite_batch_sums which tensors share it.
     for value in graph.input:
         dims = value.type.tensor_type.shape.dim
         if len(dims) and not dims[0].HasField("dim_value"):
@@ -297,12 +298,17 @@ class TrainingEngine:
         """Start the optimizer state afresh (``init_state`` of each weight), step count 0."""
         self.step = 0
         self._previous = None
+        names = self.optimizer.state_names
         initial = [self.optimizer.init_state(w) for w in self.get_weights()]
+        self._load_state([[st[name] for name in names] for st in initial])
+
+    def _load_state(self, per_weight) -> None:
+        # per_weight[i][k]: state k (in state_names order) of weight i
         if self._flat is not None:
-            for k, name in enumerate(self.optimizer.state_names):
-                self._flat.write(1 + k, [s[name] for s in initial])
+            for k in range(len(self.optimizer.state_names)):
+                self._flat.write(1 + k, [st[k] for st in per_weight])
             return
-        self.state = [[to_ortvalue(s, self.device) for s in st.values()] for st in initial]
+        self.state = [[to_ortvalue(s, self.device) for s in st] for st in per_weight]
 
     def checkpoint(self):
         """Return the current weights and optimizer state.
@@ -366,11 +372,7 @@ class TrainingEngine:
         """Restore an optimizer state returned by :meth:`get_state`."""
         self.step = int(saved["step"])
         self._previous = None
-        if self._flat is not None:
-            for k in range(len(self.optimizer.state_names)):
-                self._flat.write(1 + k, [st[k] for st in saved["state"]])
-            return
-        self.state = [[to_ortvalue(s, self.device) for s in st] for st in saved["state"]]
+        self._load_state(saved["state"])
 
     # passes ------------------------------------------------------------
     def _feed(self, array: np.ndarray) -> OrtValue:
