@@ -27,8 +27,8 @@ case "${1:-}" in
     test)
         setup "[test]"
         shift
-        "$VENV/bin/python" -m ruff check onnxgrad_sklearn tests
-        "$VENV/bin/python" -m ruff format --check onnxgrad_sklearn tests
+        "$VENV/bin/python" -m ruff check onnxgrad_sklearn tests benchmarks
+        "$VENV/bin/python" -m ruff format --check onnxgrad_sklearn tests benchmarks
         exec "$VENV/bin/python" -m pytest "$@"
         ;;
     docs)

@@ -125,7 +125,93 @@ def build_training_graph(
     graph.input.extend([tensor_info(Y_NAME, [BATCH, None]), tensor_info(SW_NAME, [BATCH])])
     del graph.output[:]
     graph.output.append(tensor_info(LOSS_NAME, []))
+    # With every shape of the loss part known (no Reshape to -1, the width of y_true
+    # given), the gradient builder resolves its broadcasting at build time too.
+    renamed = _drop_noop_reshapes(out)
+    while pred in renamed:
+        pred = renamed[pred]
+    width = _static_shapes(out).get(pred, [None])[-1]
+    if isinstance(width, int):
+        graph.input[-2].type.tensor_type.shape.dim[1].dim_value = width
     return out
+
+
+def _static_shapes(model: onnx.ModelProto) -> dict:
+    """Inferred shapes by tensor name: lists of ints and symbols (None: unknown)."""
+    try:
+        graph = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:  # noqa: BLE001 - no shapes, nothing to simplify
+        return {}
+    return {
+        vi.name: [
+            d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+            for d in vi.type.tensor_type.shape.dim
+        ]
+        for vi in [*graph.input, *graph.value_info, *graph.output]
+        if vi.type.tensor_type.HasField("shape")
+    }
+
+
+def _is_noop_reshape(source, target) -> bool:
+    # Reshape(x, target) of x with shape ``source`` gives x's own shape: the same
+    # rank, the batch dimension kept (-1 or 0), every other dimension known and kept.
+    if source is None or len(source) != len(target) or not len(target):
+        return False
+    first_kept = target[0] in (0, source[0]) if isinstance(source[0], int) else target[0] in (-1, 0)
+    return (
+        first_kept
+        and source[0] is not None
+        and all(isinstance(s, int) and t in (0, s) for s, t in zip(source[1:], target[1:]))
+    )
+
+
+def _drop_noop_reshapes(model: onnx.ModelProto) -> dict:
+    """Remove the ``Reshape`` nodes that keep their input's shape, in place.
+
+    skl2onnx and :func:`build_training_graph` reshape predictions to
+    ``(-1, n_outputs)``; with the batch dimension a symbol, shape inference loses
+    it after such a node and onnxruntime's gradient builder then computes the
+    broadcasting of every later operator at run time (``Shape``,
+    ``BroadcastGradientArgs``, ``ReduceSum``, ``Reshape`` nodes at each batch).
+    Returns ``{removed output: its input}``.
+    """
+    graph = model.graph
+    kept_names = {o.name for o in graph.output}
+    renamed = {}
+    shape_constants = set()
+    while True:
+        shapes = _static_shapes(model)
+        constants = {i.name: i for i in graph.initializer}
+        node = next(
+            (
+                n
+                for n in graph.node
+                if n.op_type == "Reshape"
+                and n.input[1] in constants
+                and n.output[0] not in kept_names
+                and not any(a.name == "allowzero" and a.i for a in n.attribute)
+                and _is_noop_reshape(
+                    shapes.get(n.input[0]),
+                    onnx.numpy_helper.to_array(constants[n.input[1]]).tolist(),
+                )
+            ),
+            None,
+        )
+        if node is None:
+            break
+        old, new = node.output[0], node.input[0]
+        graph.node.remove(node)
+        shape_constants.add(node.input[1])
+        for other in graph.node:
+            for i, name in enumerate(other.input):
+                if name == old:
+                    other.input[i] = new
+        renamed[old] = new
+    used = {name for n in graph.node for name in n.input}
+    unused = [i for i in graph.initializer if i.name in shape_constants - used]
+    for init in unused:
+        graph.initializer.remove(init)
+    return renamed
 
 
 def weights_as_inputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:

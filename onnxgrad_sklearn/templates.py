@@ -305,7 +305,12 @@ def _reshape_output(model: onnx.ModelProto, n_outputs: int) -> None:
             model.graph.initializer.append(
                 numpy_helper.from_array(np.array([-1, n_outputs], dtype=np.int64), name)
             )
-            node.input[1] = name
+            previous, node.input[1] = node.input[1], name
+            if all(previous not in n.input for n in model.graph.node):
+                # onnxruntime warns about unused initializers on stderr
+                unused = [i for i in model.graph.initializer if i.name == previous]
+                for init in unused:
+                    model.graph.initializer.remove(init)
             dims = output.type.tensor_type.shape.dim
             if len(dims) == 2:
                 dims[1].dim_value = n_outputs

@@ -1,0 +1,137 @@
+"""The training graph gives onnxruntime's gradient builder every shape of the loss
+part, so that the broadcasting of its gradients is resolved when the graph is built."""
+
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from sklearn.linear_model import LinearRegression, LogisticRegression
+from sklearn.neural_network import MLPClassifier, MLPRegressor
+
+from onnxgrad_sklearn import OrtGradientClassifier, OrtGradientRegressor
+from onnxgrad_sklearn import engine as engine_module
+
+RNG = np.random.RandomState(0)
+X = RNG.randn(120, 5).astype(np.float32)
+Y1 = (X[:, 0] - 2 * X[:, 1]).astype(np.float32)
+Y2 = np.c_[Y1, X[:, 2] * X[:, 3]].astype(np.float32)
+C3 = np.digitize(X[:, 0], [-0.5, 0.5])
+C2 = (X[:, 1] > 0).astype(int)
+
+CASES = {
+    "mlp_regressor": (lambda: OrtGradientRegressor(MLPRegressor(hidden_layer_sizes=(7,))), Y1),
+    "mlp_regressor_2_outputs": (
+        lambda: OrtGradientRegressor(MLPRegressor(hidden_layer_sizes=(7,))),
+        Y2,
+    ),
+    "linear_regression": (lambda: OrtGradientRegressor(LinearRegression()), Y1),
+    "mlp_classifier_3": (
+        lambda: OrtGradientClassifier(MLPClassifier(hidden_layer_sizes=(7,))),
+        C3,
+    ),
+    "mlp_classifier_2": (
+        lambda: OrtGradientClassifier(MLPClassifier(hidden_layer_sizes=(7,))),
+        C2,
+    ),
+    "logistic_regression_3": (lambda: OrtGradientClassifier(LogisticRegression()), C3),
+    "logistic_regression_2": (lambda: OrtGradientClassifier(LogisticRegression()), C2),
+}
+
+
+def _fit(name):
+    factory, y = CASES[name]
+    return factory().set_params(max_iter=1, random_state=0, alpha=1e-3).fit(X, y)
+
+
+def _targets(est, y):
+    if y.dtype.kind == "f":
+        return y.reshape(len(y), -1)
+    return np.eye(max(2, len(est.classes_)), dtype=np.float32)[y]
+
+
+def _graph(est):
+    model = est._engine.forward_backward.gradient_model
+    y_true = next(i for i in model.graph.input if i.name == engine_module.Y_NAME)
+    dims = [d.dim_value or d.dim_param for d in y_true.type.tensor_type.shape.dim]
+    return Counter(n.op_type for n in model.graph.node), dims
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+@pytest.mark.parametrize("name", list(CASES))
+def test_loss_part_is_built_with_known_shapes(name, monkeypatch):
+    est = _fit(name)
+    y2d = _targets(est, CASES[name][1])
+    ops, dims = _graph(est)
+    assert dims == [engine_module.BATCH, y2d.shape[1]]
+    assert ops["BroadcastGradientArgs"] == 0 and ops["Reshape"] == 0, ops
+
+    # The graph with the Reshape nodes kept gives the same loss and gradients.
+    monkeypatch.setattr(engine_module, "_drop_noop_reshapes", lambda model: {})
+    kept = _fit(name)
+    kept_ops, _ = _graph(kept)
+    assert kept_ops["Reshape"] > 0
+    assert kept_ops.total() > ops.total()
+    kept._engine.set_weights(est._engine.get_weights())
+    sw = np.linspace(0.5, 2.0, len(X)).astype(np.float32)
+    loss, grads = est._engine.loss_and_gradients(X, y2d, sw)
+    kept_loss, kept_grads = kept._engine.loss_and_gradients(X, y2d, sw)
+    assert loss == pytest.approx(kept_loss, rel=1e-6)
+    assert len(grads) == len(kept_grads)
+    for g, k in zip(grads, kept_grads):
+        np.testing.assert_allclose(g, k, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "source, target, allowzero, removed",
+    [
+        (["batch", 3], [-1, 3], 0, True),
+        (["batch", 3], [0, 3], 0, True),
+        (["batch"], [-1], 0, True),
+        ([4, 3], [4, 3], 0, True),
+        (["batch", 4], [-1, 2], 0, False),  # changes the width
+        (["batch", 3], [-1, 3, 1], 0, False),  # changes the rank
+        ([None, 3], [-1, 3], 0, False),  # batch dimension unknown
+        (["batch", None], [-1, 3], 0, False),
+        (["batch", 3], [0, 3], 1, False),  # 0 is a zero-size dimension here
+    ],
+)
+def test_drop_noop_reshapes(source, target, allowzero, removed):
+    shape = numpy_helper.from_array(np.array(target, dtype=np.int64), "shape")
+    nodes = [
+        helper.make_node("Reshape", ["x", "shape"], ["r"], allowzero=allowzero),
+        helper.make_node("Neg", ["r"], ["y"]),
+    ]
+    out_shape = [None] * len(target)
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, source)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)],
+        [shape],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    renamed = engine_module._drop_noop_reshapes(model)
+    ops = [n.op_type for n in model.graph.node]
+    if removed:
+        assert renamed == {"r": "x"}
+        assert ops == ["Neg"] and list(model.graph.node[0].input) == ["x"]
+        assert not model.graph.initializer  # the unused shape constant goes too
+        onnx.checker.check_model(model)
+    else:
+        assert renamed == {} and ops == ["Reshape", "Neg"]
+        assert len(model.graph.initializer) == 1
+
+
+def test_drop_noop_reshapes_keeps_a_graph_output():
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 3])],
+        [numpy_helper.from_array(np.array([-1, 3], dtype=np.int64), "shape")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    assert engine_module._drop_noop_reshapes(model) == {}
+    assert [n.op_type for n in model.graph.node] == ["Reshape"]
