@@ -138,8 +138,22 @@ def build_training_graph(
 
 def _static_shapes(model: onnx.ModelProto) -> dict:
     """Inferred shapes by tensor name: lists of ints and symbols (None: unknown)."""
+    # Shape inference copies the model it is given: large initializers go in as
+    # inputs of the same type and shape (no data), small ones (shape constants) as they are.
+    light = onnx.ModelProto()
+    light.ir_version = model.ir_version
+    light.opset_import.extend(model.opset_import)
+    light.graph.node.extend(model.graph.node)
+    light.graph.input.extend(model.graph.input)
+    light.graph.output.extend(model.graph.output)
+    declared = {i.name for i in model.graph.input}
+    for init in model.graph.initializer:
+        if math.prod(init.dims) <= 64:
+            light.graph.initializer.append(init)
+        elif init.name not in declared:
+            light.graph.input.append(tensor_info(init.name, list(init.dims), init.data_type))
     try:
-        graph = onnx.shape_inference.infer_shapes(model).graph
+        graph = onnx.shape_inference.infer_shapes(light).graph
     except Exception:  # noqa: BLE001 - no shapes, nothing to simplify
         return {}
     return {
@@ -229,10 +243,23 @@ def weights_as_inputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.Mode
     return out
 
 
-def session_options(threads: int = 0) -> onnxruntime.SessionOptions:
-    """Session options of the package's sessions (``threads=0``: the runtime's default)."""
+def session_options(threads: int = 0, arena: bool = True) -> onnxruntime.SessionOptions:
+    """Session options of the package's sessions.
+
+    Parameters
+    ----------
+    threads : int
+        Intra-op threads (0: the runtime's default).
+    arena : bool
+        Whether the session allocates its CPU tensors from onnxruntime's memory
+        arena. The training sessions do not: the arena grows by powers of two and
+        keeps what it took, several times the size of the weights for a large
+        model (peak RSS of one fit of a 100-2048-2048-1 MLP: 498 -> 419 MB), and
+        plain allocations measured no slower per batch.
+    """
     so = onnxruntime.SessionOptions()
     so.log_severity_level = 3
+    so.enable_cpu_mem_arena = arena
     if threads:
         so.intra_op_num_threads = threads
     return so
@@ -335,7 +362,7 @@ class TrainingEngine:
         self.weight_names = list(weight_names)
         self.output_name = output_name
         self.optimizer = optimizer
-        so = session_options()
+        so = session_options(arena=False)
         training = build_training_graph(
             model, output_name, n_outputs, loss, alpha, l1_ratio, penalized, loss_input
         )
@@ -355,7 +382,7 @@ class TrainingEngine:
         # 100-256-256-1 MLP from 0.105 s to 0.14-0.17 s.
         self._update = onnxruntime.InferenceSession(
             update_model.SerializeToString(),
-            sess_options=session_options(threads=1),
+            sess_options=session_options(threads=1, arena=False),
             providers=self.providers,
         )
         self._update_inputs = [i.name for i in self._update.get_inputs()]

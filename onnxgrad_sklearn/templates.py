@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -199,13 +201,14 @@ class _MLPFamily(_Family):
         if any(int(h) <= 0 for h in hidden):
             raise ValueError(f"hidden_layer_sizes must be > 0, got {hidden}.")
         units = [n_features, *hidden, n_outputs]
-        # Same draws, in the same order, as MLPRegressor._init_coef.
+        # Same draws, in the same order, as MLPRegressor._init_coef, kept in
+        # float32 as MLPRegressor does for float32 data (the weights are trained in float32).
         factor = 2.0 if est.activation == "logistic" else 6.0
         est.coefs_, est.intercepts_ = [], []
         for fan_in, fan_out in zip(units[:-1], units[1:]):
             bound = np.sqrt(factor / (fan_in + fan_out))
-            est.coefs_.append(rng.uniform(-bound, bound, (fan_in, fan_out)))
-            est.intercepts_.append(rng.uniform(-bound, bound, fan_out))
+            est.coefs_.append(rng.uniform(-bound, bound, (fan_in, fan_out)).astype(np.float32))
+            est.intercepts_.append(rng.uniform(-bound, bound, fan_out).astype(np.float32))
         est.n_features_in_ = n_features
         est.n_outputs_ = n_outputs
         est.n_layers_ = len(units)
@@ -417,13 +420,20 @@ class ConvertedTemplate:
 
     def with_values(self, values) -> onnx.ModelProto:
         """Return a copy of :attr:`model` whose parameter initializers hold ``values``."""
-        model = onnx.ModelProto()
-        model.CopyFrom(self.model)
-        index = {name: k for k, name in enumerate(self.initializer_names)}
-        for init in model.graph.initializer:
-            if init.name in index:
-                array = np.asarray(values[index[init.name]], dtype=np.float32)
-                init.CopyFrom(numpy_helper.from_array(array.reshape(tuple(init.dims)), init.name))
+        # The copy is made field by field so that the old values of the parameters
+        # are not copied: protobuf keeps every bytes value a message was ever given
+        # until the message is freed (a model updated in place grows at each fit).
+        names = set(self.initializer_names)
+        model = _copy_fields(self.model, onnx.ModelProto(), skip="graph")
+        graph = _copy_fields(self.model.graph, model.graph, skip="initializer")
+        for init in self.model.graph.initializer:
+            new = graph.initializer.add()
+            if init.name in names:
+                new.name = init.name
+                new.dims.extend(init.dims)
+            else:
+                new.CopyFrom(init)
+        _set_values(model, self.initializer_names, values)
         return model
 
     def values_from(self, final) -> list[np.ndarray]:
@@ -561,10 +571,43 @@ def _convert_with_markers(est, final, params, values, shapes, n_features):
     by_name = {i.name: i for i in model.graph.initializer}
     for name, layout, marker, value in zip(names, layouts, markers, values):
         dims = _real_dims(tuple(by_name[name].dims), layout, marker.shape, value.shape)
-        by_name[name].CopyFrom(numpy_helper.from_array(np.zeros(dims, dtype=np.float32), name))
+        del by_name[name].dims[:]
+        by_name[name].dims.extend(dims)  # the values are written next
     converted = ConvertedTemplate(model, params, names, layouts, model.graph.output[0].name)
-    converted.model = converted.with_values(converted.values_from(final))
+    _set_values(model, names, converted.values_from(final))
     return converted
+
+
+def _copy_fields(source, target, skip: str):
+    """Copy every field of protobuf message ``source`` but ``skip`` into ``target``."""
+    for field, value in source.ListFields():
+        if field.name == skip:
+            continue
+        repeated = getattr(field, "is_repeated", None)  # protobuf >= 5.29: label is gone
+        if repeated is None:
+            repeated = field.label == field.LABEL_REPEATED
+        if repeated:
+            getattr(target, field.name).extend(value)
+        elif field.type == field.TYPE_MESSAGE:
+            getattr(target, field.name).CopyFrom(value)
+        else:
+            setattr(target, field.name, value)
+    return target
+
+
+def _set_values(model: onnx.ModelProto, names: Sequence[str], values) -> None:
+    """Write float32 ``values`` into the initializers ``names`` of ``model``, keeping their dims."""
+    index = {name: k for k, name in enumerate(names)}
+    for init in model.graph.initializer:
+        if init.name in index:
+            array = np.asarray(values[index[init.name]], dtype=np.float32)
+            if array.size != math.prod(init.dims):
+                raise ValueError(
+                    f"initializer {init.name!r} has dims {list(init.dims)}, got {array.shape}."
+                )
+            init.ClearField("float_data")
+            init.data_type = TensorProto.FLOAT
+            init.raw_data = np.ascontiguousarray(array).astype("<f4", copy=False).tobytes()
 
 
 def _real_dims(dims, layout, marker_shape, real_shape):

@@ -110,6 +110,8 @@ def test_log_loss_gradients_match_finite_differences(name):
     trained = [k for k, p in enumerate(conv.params) if p.trainable]
     penalized = [k for k in trained if conv.params[k].penalized]
     est = copy.deepcopy(clf.estimator_)
+    for ref in conv.params:  # the reference computes in float64
+        ref.set(final_estimator(est), ref.get(final_estimator(est)).astype(np.float64))
 
     one_vs_rest = name == "SGDClassifier-3"  # probabilities are normalised sigmoids
 

@@ -1,0 +1,64 @@
+"""Converted templates: new weights written into a copy of the graph, initial weights."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+from sklearn.linear_model import LogisticRegression
+from sklearn.neural_network import MLPRegressor
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+
+from onnxgrad_sklearn import OrtGradientClassifier, OrtGradientRegressor
+
+RNG = np.random.RandomState(0)
+X = RNG.randn(80, 4).astype(np.float32)
+Y = (X[:, 0] + X[:, 1] ** 2).astype(np.float32)
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+@pytest.mark.parametrize(
+    "est, y",
+    [
+        (OrtGradientRegressor(MLPRegressor(hidden_layer_sizes=(5, 3))), Y),
+        (
+            OrtGradientRegressor(
+                make_pipeline(StandardScaler(), MLPRegressor(hidden_layer_sizes=(6,)))
+            ),
+            np.c_[Y, -Y],
+        ),
+        (OrtGradientClassifier(LogisticRegression()), (Y > 1).astype(int)),
+    ],
+)
+def test_with_values_is_the_model_with_new_initializers(est, y):
+    conv = est.set_params(max_iter=1, random_state=0).fit(X, y)._converted
+    before = conv.model.SerializeToString()
+    values = [RNG.randn(*v.shape).astype(np.float32) for v in conv.initializer_values()]
+
+    reference = onnx.ModelProto()
+    reference.CopyFrom(conv.model)
+    index = dict(zip(conv.initializer_names, values))
+    for init in reference.graph.initializer:
+        if init.name in index:
+            array = index[init.name].reshape(tuple(init.dims))
+            init.CopyFrom(numpy_helper.from_array(array, init.name))
+
+    model = conv.with_values(values)
+    assert model.SerializeToString() == reference.SerializeToString()
+    assert conv.model.SerializeToString() == before  # the source is left as it was
+    with pytest.raises(ValueError, match="has dims"):
+        conv.with_values([np.append(values[0], 0.0)] + values[1:])
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_new_mlp_weights_are_float32_draws_of_mlpregressor():
+    est = OrtGradientRegressor(MLPRegressor(hidden_layer_sizes=(7,)), max_iter=1, random_state=3)
+    reference = MLPRegressor(hidden_layer_sizes=(7,), max_iter=1, random_state=3)
+    reference._random_state = np.random.RandomState(3)
+    reference._initialize(Y.reshape(-1, 1), [4, 7, 1], np.float32)
+    initial = est.set_params(learning_rate_init=1e-30).fit(X, Y).estimator_
+    for mine, theirs in zip(
+        initial.coefs_ + initial.intercepts_, reference.coefs_ + reference.intercepts_
+    ):
+        assert mine.dtype == np.float32
+        np.testing.assert_allclose(mine, theirs, rtol=1e-6)
