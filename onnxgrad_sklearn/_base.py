@@ -397,6 +397,7 @@ class BaseOrtGradient(BaseEstimator):
                 if self.shuffle:
                     sample_idx = shuffle(sample_idx, random_state=rng)
                     order = sample_idx
+                checkpoint = None  # the previous epoch's copy goes before the next is made
                 checkpoint = engine.checkpoint()
                 try:
                     epoch_loss = self._run_epoch(engine, (X, y2d, sample_weight), order, batch_size)

@@ -55,6 +55,22 @@ def test_json_has_every_workload(quick_run):
             assert _positive_finite(value), (name, fw, cells[fw])
 
 
+def test_memory_scaling_is_measured(quick_run):
+    out, proc = quick_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(out / "latest.json") as f:
+        doc = json.load(f)
+    ort = doc["memory_scaling"]["frameworks"]["ort"]
+    sizes = [p["hidden"][0] for p in ort["points"]]
+    assert len(sizes) >= 2 and sizes == sorted(sizes)
+    state = [p["weights_grads_state_mb"] for p in ort["points"]]
+    assert state == sorted(state) and state[0] > 0
+    assert all(_positive_finite(p["peak_above_data_mb"]) for p in ort["points"])
+    assert math.isfinite(ort["slope"])
+    target = next(t for t in doc["targets"] if t["target"].startswith("peak RSS per MB"))
+    assert target["measured"] == ort["slope"]
+
+
 def test_png_is_written(quick_run):
     out, proc = quick_run
     assert proc.returncode == 0, proc.stderr[-3000:]
