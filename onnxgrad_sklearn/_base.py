@@ -580,6 +580,8 @@ class BaseOrtGradient(BaseEstimator):
                 model.SerializeToString(), sess_options=session_options(), providers=providers
             )
 
+        # The previous fit's sessions go first: each holds a copy of the weights.
+        self._session = self._logit_session = None
         self._session = session(self._export_model)
         self._logit_session = (
             self._session

@@ -297,9 +297,9 @@ class _FlatBuffers:
         self.grad_names = [f"grad_{i}" for i in range(len(shapes))]
         self.current = 0
 
-    def write(self, k: int, arrays) -> None:
-        """Copy ``arrays`` (one per weight) into vector ``k`` of the current set."""
-        for view, array in zip(self.views[self.current][k], arrays):
+    def write(self, k: int, arrays, start: int = 0) -> None:
+        """Copy ``arrays`` (weights ``start``, ``start + 1``...) into vector ``k`` of this set."""
+        for view, array in zip(self.views[self.current][k][start:], arrays):
             np.copyto(view, np.asarray(array, dtype=np.float32).reshape(view.shape))
 
 
@@ -399,8 +399,16 @@ class TrainingEngine:
         self.step = 0
         self._previous = None
         names = self.optimizer.state_names
-        initial = [self.optimizer.init_state(w) for w in self.get_weights()]
-        self._load_state([[st[name] for name in names] for st in initial])
+        if self._flat is None:
+            initial = [self.optimizer.init_state(w) for w in self.get_weights()]
+            self._load_state([[st[name] for name in names] for st in initial])
+            return
+        # One weight at a time: no copy of all the weights and states at once.
+        for i in range(len(self.shapes)):
+            weight = self._flat.views[self._flat.current][0][i].copy()
+            initial = self.optimizer.init_state(weight)
+            for k, name in enumerate(names):
+                self._flat.write(1 + k, [initial[name]], start=i)
 
     def _load_state(self, per_weight) -> None:
         # per_weight[i][k]: state k (in state_names order) of weight i

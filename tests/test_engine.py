@@ -157,3 +157,32 @@ def test_flat_update_refuses_rules_that_are_not_elementwise():
     with pytest.raises(ValueError, match="not element-wise"):
         SignSGD().build_update_model([(2, 2)], flat=True)
     assert SignSGD().elementwise is False and Adam().elementwise is True
+
+
+class HalfWeightMomentum(Nesterov):
+    """An element-wise rule whose state starts from the weights (per weight, flat path)."""
+
+    def init_state(self, param):
+        return {
+            "velocity": 0.5 * param
+            + 1e-6 * np.arange(param.size, dtype=np.float32).reshape(param.shape)
+        }
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+@pytest.mark.parametrize("optimizer", [HalfWeightMomentum(0.9), Adam()])
+def test_reset_optimizer_gives_init_state_of_each_weight(data, optimizer):
+    X, y = data
+    engine = _fit(optimizer, X, y)._engine
+    assert engine._flat is not None
+    weights = engine.get_weights()
+    engine.reset_optimizer()
+    assert engine.step == 0
+    for w, state in zip(weights, engine.get_state()["state"]):
+        expected = optimizer.init_state(w)
+        for name, value in zip(optimizer.state_names, state):
+            np.testing.assert_array_equal(value, expected[name])
+    np.testing.assert_array_equal(
+        np.concatenate([w.ravel() for w in weights]),
+        np.concatenate([w.ravel() for w in engine.get_weights()]),
+    )
