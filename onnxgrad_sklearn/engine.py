@@ -31,6 +31,7 @@ from .ortgrad import (
     device_to_providers,
     ortvalue_view,
     run_with_ortvalues,
+    static_shapes,
     to_ortvalue,
 )
 
@@ -127,43 +128,13 @@ def build_training_graph(
     graph.output.append(tensor_info(LOSS_NAME, []))
     # With every shape of the loss part known (no Reshape to -1, the width of y_true
     # given), the gradient builder resolves its broadcasting at build time too.
-    renamed = _drop_noop_reshapes(out)
+    renamed, shapes = _drop_noop_reshapes(out)
     while pred in renamed:
         pred = renamed[pred]
-    width = _static_shapes(out).get(pred, [None])[-1]
+    width = shapes.get(pred, [None])[-1]
     if isinstance(width, int):
         graph.input[-2].type.tensor_type.shape.dim[1].dim_value = width
     return out
-
-
-def _static_shapes(model: onnx.ModelProto) -> dict:
-    """Inferred shapes by tensor name: lists of ints and symbols (None: unknown)."""
-    # Shape inference copies the model it is given: large initializers go in as
-    # inputs of the same type and shape (no data), small ones (shape constants) as they are.
-    light = onnx.ModelProto()
-    light.ir_version = model.ir_version
-    light.opset_import.extend(model.opset_import)
-    light.graph.node.extend(model.graph.node)
-    light.graph.input.extend(model.graph.input)
-    light.graph.output.extend(model.graph.output)
-    declared = {i.name for i in model.graph.input}
-    for init in model.graph.initializer:
-        if math.prod(init.dims) <= 64:
-            light.graph.initializer.append(init)
-        elif init.name not in declared:
-            light.graph.input.append(tensor_info(init.name, list(init.dims), init.data_type))
-    try:
-        graph = onnx.shape_inference.infer_shapes(light).graph
-    except Exception:  # noqa: BLE001 - no shapes, nothing to simplify
-        return {}
-    return {
-        vi.name: [
-            d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-            for d in vi.type.tensor_type.shape.dim
-        ]
-        for vi in [*graph.input, *graph.value_info, *graph.output]
-        if vi.type.tensor_type.HasField("shape")
-    }
 
 
 def _is_noop_reshape(source, target) -> bool:
@@ -187,14 +158,14 @@ def _drop_noop_reshapes(model: onnx.ModelProto) -> dict:
     it after such a node and onnxruntime's gradient builder then computes the
     broadcasting of every later operator at run time (``Shape``,
     ``BroadcastGradientArgs``, ``ReduceSum``, ``Reshape`` nodes at each batch).
-    Returns ``{removed output: its input}``.
+    Returns ``{removed output: its input}`` and the shapes of the graph left.
     """
     graph = model.graph
     kept_names = {o.name for o in graph.output}
     renamed = {}
     shape_constants = set()
     while True:
-        shapes = _static_shapes(model)
+        shapes = static_shapes(model)
         constants = {i.name: i for i in graph.initializer}
         node = next(
             (
@@ -212,7 +183,7 @@ def _drop_noop_reshapes(model: onnx.ModelProto) -> dict:
             None,
         )
         if node is None:
-            break
+            break  # ``shapes`` are those of the graph as it is now
         old, new = node.output[0], node.input[0]
         graph.node.remove(node)
         shape_constants.add(node.input[1])
@@ -225,7 +196,7 @@ def _drop_noop_reshapes(model: onnx.ModelProto) -> dict:
     unused = [i for i in graph.initializer if i.name in shape_constants - used]
     for init in unused:
         graph.initializer.remove(init)
-    return renamed
+    return renamed, shapes
 
 
 def weights_as_inputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:

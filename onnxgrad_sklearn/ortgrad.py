@@ -18,6 +18,7 @@ Two public classes live here:
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -312,32 +313,50 @@ def rewrite_relu_grad(model: onnx.ModelProto) -> int:
     return count
 
 
+def static_shapes(model: onnx.ModelProto) -> dict:
+    """Inferred shapes by tensor name: lists of ints and symbol names (None: unknown)."""
+    # Shape inference copies the model it is given: large initializers go in as
+    # inputs of the same type and shape (no data), small ones (shape constants) as they are.
+    light = onnx.ModelProto()
+    light.ir_version = model.ir_version
+    light.opset_import.extend(model.opset_import)
+    light.graph.node.extend(model.graph.node)
+    light.graph.input.extend(model.graph.input)
+    light.graph.output.extend(model.graph.output)
+    declared = {i.name for i in model.graph.input}
+    for init in model.graph.initializer:
+        if math.prod(init.dims) <= 64:
+            light.graph.initializer.append(init)
+        elif init.name not in declared:
+            light.graph.input.append(
+                onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
+            )
+    try:
+        graph = onnx.shape_inference.infer_shapes(light).graph
+    except Exception:  # noqa: BLE001 - no shapes, nothing to simplify
+        return {}
+    return {
+        vi.name: [
+            d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+            for d in vi.type.tensor_type.shape.dim
+        ]
+        for vi in [*graph.input, *graph.value_info, *graph.output]
+        if vi.type.tensor_type.HasField("shape")
+    }
+
+
 def _value_shapes(model: onnx.ModelProto) -> dict:
-    """Shapes of the graph's tensors: lists of ints and symbol names (None: unknown).
+    """Shapes of a gradient graph's tensors, as :func:`static_shapes` gives them.
 
     onnx's shape inference gives the shapes of the forward part; in the backward
     part (after the ``YieldOp``) the gradient ``T_grad`` of a tensor ``T`` has
     ``T``'s shape (the gradient builder's naming rule).
     """
-
-    def dims(value_info):
-        shape = value_info.type.tensor_type.shape
-        return [
-            d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in shape.dim
-        ]
-
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # noqa: BLE001 - no shapes, no rewrite
-        return {}
-    graph = inferred.graph
-    shapes = {
-        vi.name: dims(vi)
-        for vi in [*graph.input, *graph.value_info, *graph.output]
-        if vi.type.tensor_type.HasField("shape")
-    }
+    shapes = static_shapes(model)
+    if not shapes:
+        return shapes
     backward = False  # the naming rule holds for what the builder adds after the YieldOp
-    for node in graph.node:
+    for node in model.graph.node:
         backward = backward or node.op_type == "YieldOp"
         for out in node.output if backward else ():
             if out.endswith("_grad") and out not in shapes and out[:-5] in shapes:
