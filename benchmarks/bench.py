@@ -36,6 +36,7 @@ chart ``benchmark.png``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import logging
@@ -236,6 +237,23 @@ class EpochClock(logging.Handler):
             self.rss.append(rss_mb())
 
 
+@contextlib.contextmanager
+def epoch_clock():
+    """Give an :class:`EpochClock` on the package's logger (INFO, not propagated) meanwhile."""
+    logger = logging.getLogger("onnxgrad_sklearn")
+    clock = EpochClock()
+    saved = logger.level, logger.propagate
+    logger.addHandler(clock)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        yield clock
+    finally:
+        logger.removeHandler(clock)
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
+
+
 # ---------------------------------------------------------------------------
 # ORT worker
 # ---------------------------------------------------------------------------
@@ -429,19 +447,9 @@ def ort_startup(spec: dict, X, y, repeats: int) -> dict:
 
 def ort_rss_growth(spec: dict, X, y, epochs: int, marks) -> dict:
     """Train a new estimator for ``epochs`` epochs in one fit; report RSS after each mark."""
-    logger = logging.getLogger("onnxgrad_sklearn")
-    clock = EpochClock()
-    logger.addHandler(clock)
-    saved = logger.level, logger.propagate
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
     est = ort_estimator(spec, epochs)
-    try:
+    with epoch_clock() as clock:
         quiet_fit(est, X, y)
-    finally:
-        logger.removeHandler(clock)
-        logger.setLevel(saved[0])
-        logger.propagate = saved[1]
     rss = clock.rss
     how = "one fit, RSS read at each epoch's log record"
     if len(rss) < epochs:
@@ -816,31 +824,23 @@ def ort_levers(est, X, y, spec: dict) -> dict:
 def run_ort(spec: dict, task: dict, X, y) -> dict:
     """Worker for the onnxgrad_sklearn estimator: epoch timings and, on request, extras."""
     res: dict = {}
-    logger = logging.getLogger("onnxgrad_sklearn")
-    clock = EpochClock()
-    logger.addHandler(clock)
-    saved = logger.level, logger.propagate
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
     est = ort_estimator(spec, 1)
-    quiet_fit(est, X[:512], y[:512])  # conversion, engine and sessions, two small batches
-    res["rss_after_engine_mb"] = rss_mb()
-    quiet_fit(est, X, y)  # warm-up: one epoch on the whole data (same engine)
-    res["rss_after_warmup_mb"] = rss_mb()
     samples, shares, in_loop = [], [], []
-    est.max_iter = task["epochs"]
-    for _ in range(task["repeats"]):
-        clock.times.clear()
-        with CpuWindow() as window:
-            t0 = time.perf_counter()
-            quiet_fit(est, X, y)
-            samples.append((time.perf_counter() - t0) / task["epochs"])
-        shares.append(window.share)
-        if len(clock.times) == task["epochs"]:
-            in_loop.extend(np.diff(clock.times).tolist())
-    logger.removeHandler(clock)
-    logger.setLevel(saved[0])
-    logger.propagate = saved[1]
+    with epoch_clock() as clock:
+        quiet_fit(est, X[:512], y[:512])  # conversion, engine and sessions, two small batches
+        res["rss_after_engine_mb"] = rss_mb()
+        quiet_fit(est, X, y)  # warm-up: one epoch on the whole data (same engine)
+        res["rss_after_warmup_mb"] = rss_mb()
+        est.max_iter = task["epochs"]
+        for _ in range(task["repeats"]):
+            clock.times.clear()
+            with CpuWindow() as window:
+                t0 = time.perf_counter()
+                quiet_fit(est, X, y)
+                samples.append((time.perf_counter() - t0) / task["epochs"])
+            shares.append(window.share)
+            if len(clock.times) == task["epochs"]:
+                in_loop.extend(np.diff(clock.times).tolist())
     res["samples"] = samples
     res["samples_others_share"] = shares
     res["epoch_in_loop_s"] = in_loop
