@@ -197,11 +197,13 @@ class BaseOrtGradient(BaseEstimator):
         tags = super().__sklearn_tags__()
         final = final_estimator(self._template())
         try:
-            # MLPRegressor takes a 2-D y without saying so in its tags.
+            # MLPRegressor takes a 2-D y without saying so in its tags. The estimator's
+            # own type comes from the tags being built: is_classifier(self) would
+            # build them again, recursively.
             multi = get_tags(final).target_tags.multi_output or type(final).__name__ == (
                 "MLPRegressor"
             )
-            tags.target_tags.multi_output = multi and not is_classifier(self)
+            tags.target_tags.multi_output = multi and tags.estimator_type != "classifier"
         except Exception:  # an unsupported template: fit will say why
             tags.target_tags.multi_output = False
         tags.input_tags.sparse = False

@@ -41,3 +41,23 @@ def expected_failed_checks(estimator):
 @parametrize_with_checks(ESTIMATORS, expected_failed_checks=expected_failed_checks)
 def test_scikit_learn_estimator_checks(estimator, check):
     check(estimator)
+
+
+@pytest.mark.parametrize("cls", [OrtGradientRegressor, OrtGradientClassifier])
+def test_tags_are_built_once_without_recursion(cls, monkeypatch):
+    from sklearn.utils import get_tags
+
+    from onnxgrad_sklearn._base import BaseOrtGradient
+
+    calls = []
+    original = BaseOrtGradient.__sklearn_tags__
+
+    def counted(self):
+        calls.append(1)
+        return original(self)
+
+    monkeypatch.setattr(BaseOrtGradient, "__sklearn_tags__", counted)
+    tags = get_tags(cls(MLPRegressor() if cls is OrtGradientRegressor else MLPClassifier()))
+    assert len(calls) == 1
+    assert tags.target_tags.multi_output is (cls is OrtGradientRegressor)
+    assert tags.estimator_type == ("regressor" if cls is OrtGradientRegressor else "classifier")
