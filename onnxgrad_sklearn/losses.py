@@ -2,37 +2,68 @@
 
 A loss turns predictions and targets, both of shape ``(n_samples, n_outputs)``,
 into one value per sample (summed over outputs). For the classifier the
-predictions are logits, one column per class, and the targets are one-hot. The training graph then
-averages these values with the sample weights and adds the penalty::
+predictions are logits or decision values, one column per class (one column
+for a binary problem with the margin losses), and the targets are one-hot. The
+training graph then averages these values with the sample weights and adds the
+penalty::
 
     loss = sum_i w_i * loss_i / sum_i w_i + alpha * penalty / sum_i w_i
 
 With ``SquaredError`` and no penalty this is scikit-learn's MLPRegressor loss,
 ``0.5 * mean((y - p) ** 2)`` (for one output).
 
+The losses available by name are listed in :data:`REGRESSION_LOSSES` and
+:data:`CLASSIFICATION_LOSSES`; :func:`get_loss` turns a name into an object.
+Each class says what it is for with two class attributes: ``task``
+(``"regression"``, ``"classification"``, or None for a loss that does not
+say) and ``gives_proba`` (whether scikit-learn gives ``predict_proba`` for a
+classifier trained with it).
+
 Write your own loss by subclassing :class:`BaseLoss` and implementing
 :meth:`BaseLoss.build` with a :class:`~onnxgrad_sklearn.GraphBuilder`, or wrap
-an existing ONNX graph with :class:`OnnxLoss`. Every operator used must have a
-gradient in onnxruntime-training (Add, Sub, Mul, Div, Relu, Neg, Exp, Log,
-ReduceSum, Sigmoid, Softmax, ... ). The gradient itself is derived by the runtime.
+an existing ONNX graph with :class:`OnnxLoss`. The gradient is derived by the
+runtime from the graph, by onnxruntime-training's gradient builder (the
+TrainingAgent backend) or by onnx-ad's reverse mode: every operator on the path
+from the predictions to the loss must have a gradient in both (Add, Sub, Mul,
+Div, Neg, Relu, Exp, Log, Pow, ReduceSum, Sigmoid, Softmax, LogSoftmax, Where,
+Cast, ...). Comparisons (Less, LessOrEqual, Greater, Equal) are accepted by
+both and carry no gradient, so a mask such as ``Cast(LessOrEqual(z, t))``
+multiplied into a term chooses the subgradient at a kink. Relu's gradient is 0
+at 0 in both (onnxruntime's ReluGrad tests ``Y > 0``, onnx-ad ``x > 0``).
+Operators applied to the targets alone need no gradient.
 """
 
 from __future__ import annotations
 
+import math
+from numbers import Real
+
 import onnx
+from onnx import TensorProto
 from sklearn.base import BaseEstimator
 
 from ._graph import GraphBuilder
 
 __all__ = [
+    "CLASSIFICATION_LOSSES",
+    "REGRESSION_LOSSES",
     "AbsoluteError",
     "BaseLoss",
+    "EpsilonInsensitive",
+    "GammaDeviance",
+    "Hinge",
     "Huber",
     "LogLoss",
+    "ModifiedHuber",
     "OneVsRestLogLoss",
     "OnnxLoss",
+    "Perceptron",
+    "PoissonDeviance",
     "Quantile",
+    "SquaredEpsilonInsensitive",
     "SquaredError",
+    "SquaredHinge",
+    "TweedieDeviance",
     "get_loss",
 ]
 
@@ -42,8 +73,28 @@ class BaseLoss(BaseEstimator):
 
     Subclasses implement :meth:`build`. Hyper-parameters are ``__init__``
     arguments stored untouched, so ``get_params``/``set_params`` and nested
-    parameters such as ``loss__epsilon`` work as for any scikit-learn object.
+    parameters such as ``loss__epsilon`` work as for any scikit-learn object;
+    :meth:`check_params` validates them (``build`` calls it).
+
+    Attributes
+    ----------
+    task : {"regression", "classification"} or None
+        What the loss is for (class attribute). None, the default of a custom
+        loss, says nothing.
+    gives_proba : bool
+        For a classification loss, whether scikit-learn gives ``predict_proba``
+        for a model trained with it (class attribute; True by default, as a
+        custom loss in the classifier gets probabilities).
     """
+
+    task: str | None = None
+    gives_proba: bool = True
+
+    def check_params(self) -> None:
+        """Raise a ``ValueError`` naming the hyper-parameter that is invalid.
+
+        The base class checks nothing.
+        """
 
     def build(self, g: GraphBuilder, y_pred: str, y_true: str) -> str:
         """Add the nodes computing the per-sample loss and return its name.
@@ -74,6 +125,9 @@ class SquaredError(BaseLoss):
     The loss of MLPRegressor and SGDRegressor(loss="squared_error").
     """
 
+    task = "regression"
+    gives_proba = False
+
     def build(self, g, y_pred, y_true):
         r = self._residual(g, y_pred, y_true)
         return g.sum(g.mul(g.mul(r, r), g.const(0.5)), axes=[1])
@@ -81,6 +135,9 @@ class SquaredError(BaseLoss):
 
 class AbsoluteError(BaseLoss):
     """Absolute error: ``sum_k |y_k - p_k|`` per sample (its gradient is 0 at 0)."""
+
+    task = "regression"
+    gives_proba = False
 
     def build(self, g, y_pred, y_true):
         return g.sum(g.abs(self._residual(g, y_pred, y_true)), axes=[1])
@@ -98,12 +155,18 @@ class Huber(BaseLoss):
         Where the loss turns linear (must be > 0).
     """
 
+    task = "regression"
+    gives_proba = False
+
     def __init__(self, epsilon: float = 1.35):
         self.epsilon = epsilon
 
-    def build(self, g, y_pred, y_true):
+    def check_params(self):
         if not self.epsilon > 0:
             raise ValueError(f"Huber epsilon must be > 0, got {self.epsilon!r}.")
+
+    def build(self, g, y_pred, y_true):
+        self.check_params()
         a = g.abs(self._residual(g, y_pred, y_true))
         # q = min(|r|, eps) = |r| - relu(|r| - eps); loss = q * (|r| - q / 2)
         q = g.sub(a, g.relu(g.sub(a, g.const(self.epsilon))))
@@ -124,12 +187,18 @@ class Quantile(BaseLoss):
         Quantile to estimate, in (0, 1).
     """
 
+    task = "regression"
+    gives_proba = False
+
     def __init__(self, quantile: float = 0.5):
         self.quantile = quantile
 
-    def build(self, g, y_pred, y_true):
+    def check_params(self):
         if not 0 < self.quantile < 1:
             raise ValueError(f"Quantile quantile must be in (0, 1), got {self.quantile!r}.")
+
+    def build(self, g, y_pred, y_true):
+        self.check_params()
         r = self._residual(g, y_pred, y_true)
         pos = g.mul(g.relu(r), g.const(self.quantile))
         neg = g.mul(g.relu(g.neg(r)), g.const(1.0 - self.quantile))
@@ -198,6 +267,9 @@ class LogLoss(BaseLoss):
     LogisticRegression's log-loss.
     """
 
+    task = "classification"
+    gives_proba = True
+
     def build(self, g, y_pred, y_true):
         log_proba = g.op("LogSoftmax", y_pred, axis=1)
         return g.neg(g.sum(g.mul(y_true, log_proba), axes=[1]))
@@ -213,6 +285,9 @@ class OneVsRestLogLoss(BaseLoss):
     classifier picks it for them when ``loss="log_loss"``.
     """
 
+    task = "classification"
+    gives_proba = True
+
     def build(self, g, y_pred, y_true):
         pos = g.relu(y_pred)
         exponent = g.sub(y_pred, g.mul(pos, g.const(2.0)))
@@ -220,29 +295,451 @@ class OneVsRestLogLoss(BaseLoss):
         return g.sum(g.sub(softplus, g.mul(y_true, y_pred)), axes=[1])
 
 
+# Helpers -------------------------------------------------------------------------------
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_threshold(owner: BaseLoss) -> None:
+    if not _is_real(owner.threshold):
+        raise ValueError(
+            f"{type(owner).__name__} threshold must be a finite real number, "
+            f"got {owner.threshold!r}."
+        )
+
+
+def _check_epsilon(owner: BaseLoss) -> None:
+    if not (_is_real(owner.epsilon) and owner.epsilon >= 0):
+        raise ValueError(
+            f"{type(owner).__name__} epsilon must be a finite real number >= 0, "
+            f"got {owner.epsilon!r}."
+        )
+
+
+def _check_link(owner: BaseLoss) -> None:
+    if not (isinstance(owner.link, str) and owner.link in _LINKS):
+        raise ValueError(
+            f"{type(owner).__name__} link must be one of {list(_LINKS)}, got {owner.link!r}."
+        )
+
+
+_LINKS = ("log", "identity")
+
+
+def _mask(g: GraphBuilder, op_type: str, a: str, b: str) -> str:
+    """Return ``float(a <op> b)``: a 0/1 tensor that carries no gradient."""
+    return g.op("Cast", g.op(op_type, a, b), to=TensorProto.FLOAT)
+
+
+def _log_target(g: GraphBuilder, y_true: str) -> str:
+    """Return ``log(y)`` where ``y != 0`` and 0 where ``y == 0`` (so ``y * log(y)`` is 0)."""
+    zero = g.op("Equal", y_true, g.const(0.0))
+    return g.op("Log", g.op("Where", zero, g.const(1.0), y_true))
+
+
+# Classification: margin losses -----------------------------------------------------------
+
+
+class _MarginLoss(BaseLoss):
+    """One-vs-rest sum of a margin loss ``L(z)`` with ``z = y * f`` and ``y = 2 * t - 1``."""
+
+    task = "classification"
+    gives_proba = False
+
+    def build(self, g, y_pred, y_true):
+        self.check_params()
+        sign = g.sub(g.mul(y_true, g.const(2.0)), g.const(1.0))
+        z = g.mul(sign, y_pred)
+        return g.sum(self._margin_loss(g, z), axes=[1])
+
+    def _margin_loss(self, g: GraphBuilder, z: str) -> str:
+        raise NotImplementedError
+
+
+def _hinge(g: GraphBuilder, z: str, threshold: float) -> str:
+    # max(0, threshold - z), written with a mask so that the gradient at
+    # z == threshold is -y (scikit-learn's subgradient), not 0 as with Relu.
+    t = g.const(threshold)
+    return g.mul(_mask(g, "LessOrEqual", z, t), g.sub(t, z))
+
+
+class Hinge(_MarginLoss):
+    """Hinge loss of linear SVMs: ``sum_k max(0, threshold - y_k * f_k)`` per sample.
+
+    ``f_k`` is the decision value of column ``k`` and ``y_k = 2 * t_k - 1`` its
+    target in {-1, 1} (one-vs-rest; one column for a binary problem). The
+    gradient with respect to ``f_k`` is ``-y_k`` where ``y_k * f_k <= threshold``
+    and 0 elsewhere: at the kink the weights move, as in scikit-learn's SGD.
+    SGDClassifier(loss="hinge") and LinearSVC use it (threshold 1);
+    ``threshold=0`` is the :class:`Perceptron` loss. No probabilities.
+
+    The kink is written ``Cast(LessOrEqual(z, threshold)) * (threshold - z)``.
+
+    Parameters
+    ----------
+    threshold : float, default=1.0
+        Margin below which a sample is penalised.
+    """
+
+    def __init__(self, threshold: float = 1.0):
+        self.threshold = threshold
+
+    def check_params(self):
+        _check_threshold(self)
+
+    def _margin_loss(self, g, z):
+        return _hinge(g, z, float(self.threshold))
+
+
+class Perceptron(_MarginLoss):
+    """Perceptron loss: ``sum_k max(0, -y_k * f_k)`` per sample, the hinge at threshold 0.
+
+    ``y_k = 2 * t_k - 1``. The gradient with respect to ``f_k`` is ``-y_k``
+    where ``y_k * f_k <= 0``, so a model starting from zero weights (``f = 0``)
+    moves, as scikit-learn's Perceptron and SGDClassifier(loss="perceptron")
+    do. No probabilities.
+    """
+
+    def _margin_loss(self, g, z):
+        return _hinge(g, z, 0.0)
+
+
+class SquaredHinge(_MarginLoss):
+    """Squared hinge: ``sum_k max(0, threshold - y_k * f_k) ** 2`` per sample.
+
+    ``y_k = 2 * t_k - 1``; the gradient, ``-2 * y_k * (threshold - y_k * f_k)``
+    below the threshold, is continuous (0 at the threshold).
+    SGDClassifier(loss="squared_hinge") and LinearSVC(loss="squared_hinge")
+    use it (threshold 1). No probabilities.
+
+    Parameters
+    ----------
+    threshold : float, default=1.0
+        Margin below which a sample is penalised.
+    """
+
+    def __init__(self, threshold: float = 1.0):
+        self.threshold = threshold
+
+    def check_params(self):
+        _check_threshold(self)
+
+    def _margin_loss(self, g, z):
+        q = g.relu(g.sub(g.const(float(self.threshold)), z))
+        return g.mul(q, q)
+
+
+class ModifiedHuber(_MarginLoss):
+    """Modified Huber loss of SGDClassifier(loss="modified_huber").
+
+    Per sample ``sum_k L(y_k * f_k)`` with ``y_k = 2 * t_k - 1`` and::
+
+        L(z) = max(0, 1 - z) ** 2   if z >= -1
+             = -4 * z               otherwise
+
+    A smoothed hinge, with a continuous gradient. SGDClassifier gives
+    probabilities for it, ``(clip(f, -1, 1) + 1) / 2`` (normalised over the
+    classes of a multiclass problem), hence ``gives_proba``. Written
+    ``q * (2 * u - q)`` with ``u = relu(1 - z)`` and ``q = min(u, 2)``.
+    """
+
+    gives_proba = True
+
+    def _margin_loss(self, g, z):
+        u = g.relu(g.sub(g.const(1.0), z))
+        q = g.sub(u, g.relu(g.sub(u, g.const(2.0))))
+        return g.mul(q, g.sub(g.mul(u, g.const(2.0)), q))
+
+
+# Regression: epsilon-insensitive losses --------------------------------------------------
+
+
+class _EpsilonBand(BaseLoss):
+    """Losses of the residual's distance to the band ``|y - p| <= epsilon``."""
+
+    task = "regression"
+    gives_proba = False
+
+    def __init__(self, epsilon: float = 0.1):
+        self.epsilon = epsilon
+
+    def check_params(self):
+        _check_epsilon(self)
+
+    def _parts(self, g, y_pred, y_true):
+        # relu(r - epsilon) and relu(-r - epsilon), r = y - p: their gradient is 0
+        # on the band's edges, as scikit-learn's dloss (strict inequalities)
+        self.check_params()
+        r = self._residual(g, y_pred, y_true)
+        eps = g.const(float(self.epsilon))
+        return g.relu(g.sub(r, eps)), g.relu(g.sub(g.neg(r), eps))
+
+
+class EpsilonInsensitive(_EpsilonBand):
+    """Epsilon-insensitive loss: ``sum_k max(0, |y_k - p_k| - epsilon)`` per sample.
+
+    The loss of SGDRegressor(loss="epsilon_insensitive") (default
+    ``epsilon=0.1``) and of LinearSVR (its default loss, with its default
+    ``epsilon=0.0``). The gradient with respect to ``p`` is -1 where
+    ``y - p > epsilon``, 1 where ``p - y > epsilon`` and 0 elsewhere (so 0 at
+    the kinks), as scikit-learn's SGD defines it. Written
+    ``relu(r - epsilon) + relu(-r - epsilon)`` with ``r = y - p``.
+
+    Parameters
+    ----------
+    epsilon : float, default=0.1
+        Half-width of the band where errors cost nothing (>= 0).
+    """
+
+    def build(self, g, y_pred, y_true):
+        above, below = self._parts(g, y_pred, y_true)
+        return g.sum(g.add(above, below), axes=[1])
+
+
+class SquaredEpsilonInsensitive(_EpsilonBand):
+    """Squared epsilon-insensitive loss: ``sum_k max(0, |y_k - p_k| - epsilon) ** 2``.
+
+    The loss of SGDRegressor(loss="squared_epsilon_insensitive") (default
+    ``epsilon=0.1``) and of LinearSVR(loss="squared_epsilon_insensitive")
+    (default ``epsilon=0.0``: then it is twice the squared error). No ``0.5``
+    factor, as in scikit-learn. Its gradient is continuous.
+
+    Parameters
+    ----------
+    epsilon : float, default=0.1
+        Half-width of the band where errors cost nothing (>= 0).
+    """
+
+    def build(self, g, y_pred, y_true):
+        above, below = self._parts(g, y_pred, y_true)
+        return g.sum(g.add(g.mul(above, above), g.mul(below, below)), axes=[1])
+
+
+# Regression: half deviances of generalised linear models -------------------------------
+
+
+class _Deviance(BaseLoss):
+    """Half the unit deviance, from the raw prediction (log link) or the mean (identity)."""
+
+    task = "regression"
+    gives_proba = False
+
+    def check_params(self):
+        _check_link(self)
+
+    def build(self, g, y_pred, y_true):
+        self.check_params()
+        return g.sum(self._half_deviance(g, y_pred, y_true), axes=[1])
+
+    def _mean_and_log(self, g, y_pred):
+        if self.link == "log":
+            return g.op("Exp", y_pred), y_pred
+        return y_pred, g.op("Log", y_pred)
+
+    def _half_deviance(self, g, y_pred, y_true):
+        raise NotImplementedError
+
+
+def _half_poisson(g, mu, log_mu, y_true):
+    # y * log(y / mu) - y + mu, with y * log(y) = 0 at y = 0
+    log_ratio = g.sub(_log_target(g, y_true), log_mu)
+    return g.add(g.mul(y_true, log_ratio), g.sub(mu, y_true))
+
+
+def _half_gamma(g, mu, log_mu, y_true):
+    # log(mu / y) + y / mu - 1
+    log_ratio = g.sub(log_mu, g.op("Log", y_true))
+    return g.add(log_ratio, g.sub(g.div(y_true, mu), g.const(1.0)))
+
+
+class PoissonDeviance(_Deviance):
+    """Half the Poisson deviance: ``sum_k y_k * log(y_k / mu_k) - y_k + mu_k`` per sample.
+
+    With ``link="log"`` (default) the loss receives the raw linear predictor
+    ``eta`` and ``mu = exp(eta)``: it is scikit-learn's HalfPoissonLoss
+    (``exp(eta) - y * eta``) plus its constant ``xlogy(y, y) - y``, so that the
+    value is half the unit deviance (``0.5 * mean_poisson_deviance`` on average) and 0
+    at ``mu == y``. PoissonRegressor and HistGradientBoostingRegressor(loss="poisson")
+    minimise it, and so does MLPRegressor(loss="poisson"), whose output is
+    ``exp(eta)`` (its ``eta`` with ``link="log"``, or its output with
+    ``link="identity"``). With ``link="identity"`` the loss receives ``mu``
+    itself (> 0), as TweedieRegressor(power=1, link="identity"). Targets must
+    be >= 0.
+
+    Parameters
+    ----------
+    link : {"log", "identity"}, default="log"
+        How the prediction relates to the mean.
+    """
+
+    def __init__(self, link: str = "log"):
+        self.link = link
+
+    def _half_deviance(self, g, y_pred, y_true):
+        mu, log_mu = self._mean_and_log(g, y_pred)
+        return _half_poisson(g, mu, log_mu, y_true)
+
+
+class GammaDeviance(_Deviance):
+    """Half the Gamma deviance: ``sum_k log(mu_k / y_k) + y_k / mu_k - 1`` per sample.
+
+    With ``link="log"`` (default) the loss receives the raw linear predictor
+    ``eta`` and ``mu = exp(eta)``: it is scikit-learn's HalfGammaLoss
+    (``eta + y * exp(-eta)``) plus its constant ``-log(y) - 1``, half the unit
+    deviance (``0.5 * mean_gamma_deviance`` on average). GammaRegressor
+    minimises it. With ``link="identity"`` the loss receives ``mu`` itself
+    (> 0), as TweedieRegressor(power=2, link="identity"). Targets must be > 0.
+
+    Parameters
+    ----------
+    link : {"log", "identity"}, default="log"
+        How the prediction relates to the mean.
+    """
+
+    def __init__(self, link: str = "log"):
+        self.link = link
+
+    def _half_deviance(self, g, y_pred, y_true):
+        if self.link == "log":  # log(mu) - log(y) + y * exp(-eta) - 1
+            mu_inverse = g.op("Exp", g.neg(y_pred))
+            log_ratio = g.sub(y_pred, g.op("Log", y_true))
+            return g.add(log_ratio, g.sub(g.mul(y_true, mu_inverse), g.const(1.0)))
+        return _half_gamma(g, y_pred, g.op("Log", y_pred), y_true)
+
+
+class TweedieDeviance(_Deviance):
+    """Half the Tweedie deviance of power ``power``, per sample summed over outputs.
+
+    For ``power`` not in {0, 1, 2}, with ``mu`` the mean::
+
+        max(y, 0) ** (2 - p) / ((1 - p) * (2 - p)) - y * mu ** (1 - p) / (1 - p)
+        + mu ** (2 - p) / (2 - p)
+
+    ``power=0`` gives ``0.5 * (y - mu) ** 2``, ``power=1`` the
+    :class:`PoissonDeviance`, ``power=2`` the :class:`GammaDeviance`. This is
+    scikit-learn's HalfTweedieLoss (``link="log"``, the loss receives the raw
+    linear predictor ``eta`` and ``mu = exp(eta)``, constant term included) and
+    HalfTweedieLossIdentity (``link="identity"``, the loss receives ``mu``),
+    half the unit deviance (``0.5 * mean_tweedie_deviance`` on average).
+    TweedieRegressor minimises it (its ``link="auto"`` is identity for
+    ``power <= 0`` and log otherwise: pass the link it resolves to).
+
+    Parameters
+    ----------
+    power : float, default=0.0
+        Tweedie power: ``<= 0`` (targets any real, ``mu > 0`` unless
+        ``power=0``), 1 (Poisson, targets >= 0), in (1, 2) (compound Poisson
+        Gamma, targets >= 0), ``>= 2`` (targets > 0). No Tweedie
+        distribution has a power in (0, 1): such a power is refused.
+    link : {"log", "identity"}, default="log"
+        How the prediction relates to the mean.
+    """
+
+    def __init__(self, power: float = 0.0, link: str = "log"):
+        self.power = power
+        self.link = link
+
+    def check_params(self):
+        if not _is_real(self.power):
+            raise ValueError(
+                f"TweedieDeviance power must be a finite real number, got {self.power!r}."
+            )
+        if 0 < self.power < 1:
+            raise ValueError(
+                "TweedieDeviance power must be <= 0 or >= 1 (no Tweedie distribution has "
+                f"a power in (0, 1)), got {self.power!r}."
+            )
+        super().check_params()
+
+    def _half_deviance(self, g, y_pred, y_true):
+        p = float(self.power)
+        if p == 0:
+            mu = self._mean_and_log(g, y_pred)[0]
+            r = g.sub(y_true, mu)
+            return g.mul(g.mul(r, r), g.const(0.5))
+        if p == 1:
+            return _half_poisson(g, *self._mean_and_log(g, y_pred), y_true)
+        if p == 2:
+            return GammaDeviance(link=self.link)._half_deviance(g, y_pred, y_true)
+        if self.link == "log":  # mu ** a = exp(a * eta)
+            mu_1 = g.op("Exp", g.mul(y_pred, g.const(1.0 - p)))
+            mu_2 = g.op("Exp", g.mul(y_pred, g.const(2.0 - p)))
+        else:
+            mu_1 = g.op("Pow", y_pred, g.const(1.0 - p))
+            mu_2 = g.mul(y_pred, mu_1)
+        constant = g.mul(
+            g.op("Pow", g.relu(y_true), g.const(2.0 - p)), g.const(1.0 / ((1.0 - p) * (2.0 - p)))
+        )
+        varying = g.sub(
+            g.mul(mu_2, g.const(1.0 / (2.0 - p))),
+            g.mul(g.mul(y_true, mu_1), g.const(1.0 / (1.0 - p))),
+        )
+        return g.add(varying, constant)
+
+
+# Registry ------------------------------------------------------------------------------
+
 _LOSSES = {
     "squared_error": SquaredError,
     "absolute_error": AbsoluteError,
     "huber": Huber,
     "quantile": Quantile,
+    "epsilon_insensitive": EpsilonInsensitive,
+    "squared_epsilon_insensitive": SquaredEpsilonInsensitive,
+    "poisson": PoissonDeviance,
+    "gamma": GammaDeviance,
+    "tweedie": TweedieDeviance,
     "log_loss": LogLoss,
+    "hinge": Hinge,
+    "squared_hinge": SquaredHinge,
+    "modified_huber": ModifiedHuber,
+    "perceptron": Perceptron,
 }
 
+#: Names of the regression losses :func:`get_loss` knows, in registry order.
+REGRESSION_LOSSES = tuple(name for name, cls in _LOSSES.items() if cls.task == "regression")
+#: Names of the classification losses :func:`get_loss` knows, in registry order.
+CLASSIFICATION_LOSSES = tuple(name for name, cls in _LOSSES.items() if cls.task == "classification")
 
-def get_loss(loss) -> BaseLoss:
+
+def get_loss(loss, task: str | None = None) -> BaseLoss:
     """Return the loss object for a name or a loss object.
 
     Parameters
     ----------
     loss : str or BaseLoss
-        ``"squared_error"``, ``"absolute_error"``, ``"huber"``, ``"quantile"``,
-        ``"log_loss"``, or an instance of a :class:`BaseLoss` subclass.
+        A name of :data:`REGRESSION_LOSSES` (``"squared_error"``,
+        ``"absolute_error"``, ``"huber"``, ``"quantile"``,
+        ``"epsilon_insensitive"``, ``"squared_epsilon_insensitive"``,
+        ``"poisson"``, ``"gamma"``, ``"tweedie"``) or of
+        :data:`CLASSIFICATION_LOSSES` (``"log_loss"``, ``"hinge"``,
+        ``"squared_hinge"``, ``"modified_huber"``, ``"perceptron"``), which
+        gives the class with its default parameters, or an instance of a
+        :class:`BaseLoss` subclass, returned as it is.
+    task : {"regression", "classification"}, default=None
+        When given, a name must be one of that task's losses (a loss object
+        is not checked).
+
+    Returns
+    -------
+    BaseLoss
     """
     if isinstance(loss, BaseLoss):
         return loss
-    if isinstance(loss, str) and loss in _LOSSES:
+    names = {"regression": REGRESSION_LOSSES, "classification": CLASSIFICATION_LOSSES}
+    if task is not None and task not in names:
+        raise ValueError(f"task must be 'regression' or 'classification', got {task!r}.")
+    allowed = names[task] if task is not None else tuple(_LOSSES)
+    if isinstance(loss, str) and loss in allowed:
         return _LOSSES[loss]()
+    if isinstance(loss, str) and loss in _LOSSES:
+        raise ValueError(
+            f"loss={loss!r} is a {_LOSSES[loss].task} loss, not a {task} loss: use one of "
+            f"{sorted(allowed)} or an instance of onnxgrad_sklearn.losses.BaseLoss."
+        )
     raise ValueError(
-        f"loss={loss!r} is not supported: use one of {sorted(_LOSSES)} or an "
+        f"loss={loss!r} is not supported: use one of {sorted(allowed)} or an "
         "instance of onnxgrad_sklearn.losses.BaseLoss."
     )
