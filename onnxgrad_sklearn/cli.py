@@ -1,22 +1,30 @@
 """Command line of onnxgrad-sklearn.
 
-``onnxgrad-sklearn fit`` trains a model on a CSV file with onnxruntime-training
-and writes the trained ONNX model and its loss curve; ``onnxgrad-sklearn demo``
-runs the demo of the README. Run ``onnxgrad-sklearn fit --help`` for the flags.
-Errors are reported on one line of stderr with exit code 2.
+``onnxgrad-sklearn fit`` trains a model on a CSV file with onnxruntime and
+writes the trained ONNX model, the fitted estimator (skops) and its loss
+curve; ``onnxgrad-sklearn predict`` runs a written model (ONNX or saved
+estimator) on a CSV file; ``onnxgrad-sklearn demo`` runs the demo of the
+README. Run ``onnxgrad-sklearn COMMAND --help`` for the flags. Errors are
+reported on one line of stderr with exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import math
 import os
 import sys
 import time
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, NoReturn
+
+from . import demo as _demo_module
+from . import losses as _losses
+from . import optim as _optim
 
 __all__ = ["build_parser", "infer_task", "main"]
 
@@ -26,12 +34,30 @@ PROG = "onnxgrad-sklearn"
 #: distinct values is a classification target.
 MAX_AUTO_CLASSES = 20
 
-REGRESSION_LOSSES = ("squared_error", "absolute_error", "huber", "quantile")
-CLASSIFICATION_LOSSES = ("log_loss",)
+
+#: The loss names of each task, from :mod:`onnxgrad_sklearn.losses`.
+REGRESSION_LOSSES = tuple(_losses.REGRESSION_LOSSES)
+CLASSIFICATION_LOSSES = tuple(_losses.CLASSIFICATION_LOSSES)
+#: Losses of positive targets (log link): their targets are never standardised.
+POSITIVE_TARGET_LOSSES = ("poisson", "gamma", "tweedie")
+#: The optimizer names :func:`onnxgrad_sklearn.optim.get_optimizer` knows.
+OPTIMIZERS = tuple(sorted(_optim._OPTIMIZERS))
+#: Loss parameters set from a flag: flag -> (parameter, the loss it implies).
+LOSS_FLAGS = {"quantile": ("quantile", "quantile"), "epsilon": ("epsilon", "huber")}
+
 PICKLE_SUFFIXES = (".pkl", ".pickle", ".joblib")
 SKOPS_SUFFIXES = (".skops",)
+ONNX_SUFFIXES = (".onnx",)
+
+#: Keys of the trained ONNX model's ``metadata_props``.
+META_FEATURES = "feature_names"  # comma-joined
+META_FEATURES_JSON = "feature_names_json"  # the same as a JSON list (names may hold commas)
+META_TARGET = "target"
+META_CLASSES = "classes"  # JSON list, classifiers only
+META_TARGET_SCALING = "target_scaling"  # JSON {"mean": ..., "scale": ...}, when scaled
 
 _MATPLOTLIB_HINT = "pip install matplotlib, or pip install 'onnxgrad-sklearn[plot]'"
+_SKOPS_HINT = "pip install skops, or pip install 'onnxgrad-sklearn[skops]'"
 
 
 class CLIError(Exception):
@@ -65,6 +91,7 @@ _positive_int = _checked(int, lambda v: v >= 1, "a positive integer")
 _positive_float = _checked(float, lambda v: v > 0 and math.isfinite(v), "a positive number")
 _non_negative_float = _checked(float, lambda v: v >= 0 and math.isfinite(v), "a number >= 0")
 _fraction = _checked(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
+_open_fraction = _checked(float, lambda v: 0 < v < 1, "a number in (0, 1)")
 
 
 def _batch_size(text: str) -> str | int:
@@ -90,6 +117,28 @@ def _hidden(text: str) -> tuple[int, ...]:
     return sizes
 
 
+# templates ----------------------------------------------------------------------
+def _mlp_template(task: str, hidden):
+    from sklearn.neural_network import MLPClassifier, MLPRegressor
+
+    cls = MLPClassifier if task == "classification" else MLPRegressor
+    return cls(hidden_layer_sizes=hidden or (64,))
+
+
+def _linear_template(task: str, hidden):
+    from sklearn.linear_model import LinearRegression, LogisticRegression
+
+    return LogisticRegression() if task == "classification" else LinearRegression()
+
+
+#: ``--model KIND``: the final model of each template kind (after a StandardScaler).
+TEMPLATES = {"mlp": _mlp_template, "linear": _linear_template}
+_TEMPLATE_HELP = {
+    "mlp": "StandardScaler + MLPRegressor or MLPClassifier",
+    "linear": "StandardScaler + LinearRegression or LogisticRegression",
+}
+
+
 # parser -------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     """Build the argument parser of the ``onnxgrad-sklearn`` command.
@@ -97,128 +146,64 @@ def build_parser() -> argparse.ArgumentParser:
     Returns
     -------
     argparse.ArgumentParser
-        Parser with the subcommands ``fit`` and ``demo``. Its errors print one
-        line on stderr and exit with code 2.
+        Parser with the subcommands ``fit``, ``predict`` and ``demo``. Its
+        errors print one line on stderr and exit with code 2.
     """
     from . import __version__
 
     parser = _Parser(
         prog=PROG,
-        description="Train scikit-learn models on onnxruntime-training and export them to ONNX.",
-        epilog=f"Run '{PROG} fit --help' or '{PROG} demo --help' for the flags of a command.",
+        description="Train scikit-learn models on onnxruntime and export them to ONNX.",
+        epilog=f"Run '{PROG} COMMAND --help' (fit, predict, demo) for the flags of a command.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_fit_parser(commands)
+    _add_predict_parser(commands)
+    _add_demo_parser(commands)
+    return parser
 
+
+def _add_fit_parser(commands) -> argparse.ArgumentParser:
     fit = commands.add_parser(
         "fit",
-        help="train a model on a CSV file and write the trained ONNX model",
+        help="train a model on a CSV file, write the ONNX model and the fitted estimator",
         description=(
-            "Train a scikit-learn model's weights with onnxruntime-training on a CSV file "
+            "Train a scikit-learn model's weights with onnxruntime on a CSV file "
             "(a header row, one column per feature, every column but the target is a "
-            "numeric feature), print train and test metrics, write the trained ONNX model "
-            "and a PNG of the loss curve. The ONNX model takes one float32 input 'X' whose "
-            "columns are the feature columns in the order of the CSV."
+            "numeric feature), print train and test metrics, write the trained ONNX model, "
+            "the fitted estimator (skops, same path with .skops) and a PNG of the loss "
+            "curve. The ONNX model takes one float32 input 'X' whose columns are the "
+            "feature columns in the order of the CSV; their names are in its metadata "
+            f"('{META_FEATURES}', comma-joined), which '{PROG} predict' reads."
         ),
         epilog=(
             f"Example: {PROG} fit --data train.csv --target price --hidden 64,64 "
-            "--optimizer adam --learning-rate 0.01 --epochs 100 --out price.onnx. "
+            "--optimizer adam --learning-rate 0.01 --epochs 100 --out price.onnx; then "
+            f"{PROG} fit --data new.csv --target price --init price.skops --epochs 10 "
+            "--out tuned.onnx fine-tunes it. "
             "Exit status: 0 on success, 2 on an error (reported on one line of stderr)."
         ),
     )
-    fit.add_argument("--data", required=True, metavar="CSV", help="CSV file to train on (required)")
-    fit.add_argument(
+    _add_fit_data_flags(fit.add_argument_group("data"))
+    _add_fit_model_flags(fit.add_argument_group("model"))
+    _add_fit_loss_flags(fit.add_argument_group("loss and target"))
+    _add_fit_training_flags(fit.add_argument_group("training"))
+    _add_fit_output_flags(fit.add_argument_group("output"))
+    return fit
+
+
+def _add_fit_data_flags(group) -> None:
+    group.add_argument(
+        "--data", required=True, metavar="CSV", help="CSV file to train on (required)"
+    )
+    group.add_argument(
         "--target",
         required=True,
         metavar="COLUMN",
         help="name of the column to predict (required); every other column is a feature",
     )
-    fit.add_argument(
-        "--model",
-        default="mlp",
-        metavar="mlp|linear|PATH",
-        help=(
-            "'mlp': StandardScaler + MLPRegressor or MLPClassifier; 'linear': StandardScaler "
-            "+ LinearRegression or LogisticRegression; PATH: a scikit-learn model (or "
-            "Pipeline) saved with pickle/joblib (.pkl, .pickle, .joblib: only load files you "
-            "trust, unpickling runs code) or skops (.skops), fine-tuned from its weights if "
-            "fitted (default: mlp)"
-        ),
-    )
-    fit.add_argument(
-        "--trust",
-        action="store_true",
-        help=(
-            "load the types of a .skops file that skops does not trust by default "
-            "(without it such a file is refused, and the types are listed)"
-        ),
-    )
-    fit.add_argument(
-        "--hidden",
-        type=_hidden,
-        default=None,
-        metavar="N[,N...]",
-        help="hidden layer sizes of --model mlp, comma-separated (default: 64)",
-    )
-    fit.add_argument(
-        "--task",
-        choices=("auto", "regression", "classification"),
-        default="auto",
-        help=(
-            "'auto' (default): the task of the model given as PATH; otherwise classification "
-            "when the target column is not numeric (strings, booleans) or holds only whole "
-            f"numbers with at most {MAX_AUTO_CLASSES} distinct values, regression otherwise"
-        ),
-    )
-    fit.add_argument(
-        "--loss",
-        choices=REGRESSION_LOSSES + CLASSIFICATION_LOSSES,
-        default=None,
-        help=(
-            "training loss: squared_error, absolute_error, huber or quantile for regression "
-            "(default: squared_error), log_loss for classification (the default)"
-        ),
-    )
-    fit.add_argument(
-        "--optimizer",
-        choices=("sgd", "momentum", "nesterov", "adam"),
-        default="adam",
-        help="update rule, as in MLPRegressor (default: adam)",
-    )
-    fit.add_argument(
-        "--learning-rate",
-        type=_positive_float,
-        default=0.001,
-        metavar="LR",
-        help="initial learning rate (default: 0.001)",
-    )
-    fit.add_argument(
-        "--batch-size",
-        type=_batch_size,
-        default="auto",
-        metavar="auto|N",
-        help="rows per batch; auto means min(200, training rows) (default: auto)",
-    )
-    fit.add_argument(
-        "--epochs", type=_positive_int, default=50, metavar="N", help="epochs (default: 50)"
-    )
-    fit.add_argument(
-        "--alpha",
-        type=_non_negative_float,
-        default=0.0001,
-        help="L2 penalty on the weight matrices, as in MLPRegressor (default: 0.0001)",
-    )
-    fit.add_argument(
-        "--random-state",
-        type=int,
-        default=None,
-        metavar="N",
-        help=(
-            "seed of the initial weights, the shuffling and the train/test split "
-            "(default: not seeded)"
-        ),
-    )
-    fit.add_argument(
+    group.add_argument(
         "--test-size",
         type=_fraction,
         default=0.2,
@@ -228,13 +213,160 @@ def build_parser() -> argparse.ArgumentParser:
             "rows and prints train metrics only (default: 0.2)"
         ),
     )
-    fit.add_argument(
+    group.add_argument(
+        "--task",
+        choices=("auto", "regression", "classification"),
+        default="auto",
+        help=(
+            "'auto' (default): the task of the model given to --init; otherwise "
+            "classification when the target column is not numeric (strings, booleans) or "
+            f"holds only whole numbers with at most {MAX_AUTO_CLASSES} distinct values, "
+            "regression otherwise"
+        ),
+    )
+
+
+def _add_fit_model_flags(group) -> None:
+    kinds = "; ".join(f"'{k}': {_TEMPLATE_HELP.get(k, k)}" for k in TEMPLATES)
+    group.add_argument(
+        "--model",
+        default=None,
+        metavar="|".join(TEMPLATES),
+        help=(
+            f"the template to train from scratch: {kinds} (default: mlp). Deprecated: a "
+            "model file given here is read as --init PATH"
+        ),
+    )
+    group.add_argument(
+        "--init",
+        default=None,
+        metavar="PATH",
+        help=(
+            "fine-tune a saved model instead: the .skops file a previous fit wrote (its "
+            "weights and target scaling carry over), or a scikit-learn model or Pipeline "
+            f"saved with skops (.skops) or pickle/joblib ({', '.join(PICKLE_SUFFIXES)}: only "
+            "load files you trust, unpickling runs code), fine-tuned from its weights if "
+            "fitted"
+        ),
+    )
+    group.add_argument(
+        "--trust",
+        action="store_true",
+        help=(
+            "load the types of a .skops file that neither skops nor onnxgrad_sklearn "
+            "trusts (without it such a file is refused, and the types are listed)"
+        ),
+    )
+    group.add_argument(
+        "--hidden",
+        type=_hidden,
+        default=None,
+        metavar="N[,N...]",
+        help="hidden layer sizes of --model mlp, comma-separated (default: 64)",
+    )
+
+
+def _add_fit_loss_flags(group) -> None:
+    group.add_argument(
+        "--loss",
+        choices=REGRESSION_LOSSES + CLASSIFICATION_LOSSES,
+        default=None,
+        metavar="NAME",
+        help=(
+            f"training loss: {', '.join(REGRESSION_LOSSES)} for regression (default: "
+            f"squared_error, or the loss of the --init estimator), "
+            f"{', '.join(CLASSIFICATION_LOSSES)} for classification (default: log_loss)"
+        ),
+    )
+    group.add_argument(
+        "--quantile",
+        type=_open_fraction,
+        default=None,
+        metavar="Q",
+        help=(
+            "the quantile the quantile loss estimates, in (0, 1): the prediction leaves a "
+            "share Q of the targets below it; implies --loss quantile (default: 0.5)"
+        ),
+    )
+    group.add_argument(
+        "--epsilon",
+        type=_positive_float,
+        default=None,
+        metavar="E",
+        help=(
+            "the epsilon of huber (where it turns linear, default 1.35) or of the "
+            "epsilon-insensitive losses, in units of the training target (standard "
+            "deviations when the target is scaled); implies --loss huber"
+        ),
+    )
+    group.add_argument(
+        "--no-scale-target",
+        dest="scale_target",
+        action="store_false",
+        help=(
+            "train on the raw regression target. By default it is standardised for "
+            "training (mean and standard deviation of the training rows) for losses on "
+            f"real values (not {', '.join(POSITIVE_TARGET_LOSSES)}), and the ONNX model and "
+            "the saved estimator predict raw values. A fitted --init model keeps its own "
+            "scaling"
+        ),
+    )
+
+
+def _add_fit_training_flags(group) -> None:
+    group.add_argument(
+        "--optimizer",
+        choices=OPTIMIZERS,
+        default="adam",
+        help="update rule, as in MLPRegressor (default: adam)",
+    )
+    group.add_argument(
+        "--learning-rate",
+        type=_positive_float,
+        default=0.001,
+        metavar="LR",
+        help="initial learning rate (default: 0.001)",
+    )
+    group.add_argument(
+        "--batch-size",
+        type=_batch_size,
+        default="auto",
+        metavar="auto|N",
+        help="rows per batch; auto means min(200, training rows) (default: auto)",
+    )
+    group.add_argument(
+        "--epochs", type=_positive_int, default=50, metavar="N", help="epochs (default: 50)"
+    )
+    group.add_argument(
+        "--alpha",
+        type=_non_negative_float,
+        default=0.0001,
+        help="L2 penalty on the weight matrices, as in MLPRegressor (default: 0.0001)",
+    )
+    group.add_argument(
+        "--random-state",
+        type=int,
+        default=None,
+        metavar="N",
+        help=(
+            "seed of the initial weights, the shuffling and the train/test split "
+            "(default: not seeded)"
+        ),
+    )
+
+
+def _add_fit_output_flags(group) -> None:
+    group.add_argument(
         "--out",
         default="model.onnx",
         metavar="PATH",
-        help="where to write the trained ONNX model (default: model.onnx)",
+        help=(
+            "where to write the trained ONNX model (default: model.onnx); the fitted "
+            "estimator goes beside it with .skops (skipped with a warning when skops is "
+            "not installed)"
+        ),
     )
-    fit.add_argument(
+    group.add_argument(
         "--plot",
         default=None,
         metavar="PATH",
@@ -243,7 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
             "skipped with a warning when matplotlib is not installed"
         ),
     )
-    verbosity = fit.add_mutually_exclusive_group()
+    verbosity = group.add_mutually_exclusive_group()
     verbosity.add_argument(
         "--verbose",
         dest="verbose",
@@ -258,6 +390,52 @@ def build_parser() -> argparse.ArgumentParser:
         help="no progress bar; the summary, metrics and paths are still printed",
     )
 
+
+def _add_predict_parser(commands) -> argparse.ArgumentParser:
+    predict = commands.add_parser(
+        "predict",
+        help="predict with a written model (ONNX or saved estimator) on a CSV file",
+        description=(
+            "Run a model written by 'fit' on a CSV file: the ONNX model (.onnx) or the "
+            f"saved estimator ({', '.join(SKOPS_SUFFIXES + PICKLE_SUFFIXES)}). The model's "
+            "feature columns are taken by name (the ONNX model's metadata, the estimator's "
+            "feature_names_in_); other columns, such as the target of a training CSV, are "
+            "ignored. Writes a CSV with a 'prediction' column, and for a classifier one "
+            "'proba_CLASS' column per class."
+        ),
+        epilog=(
+            f"Example: {PROG} predict --model price.onnx --data new.csv --out pred.csv. "
+            "Exit status: 0 on success, 2 on an error (reported on one line of stderr)."
+        ),
+    )
+    predict.add_argument(
+        "--model",
+        required=True,
+        metavar="PATH",
+        help=(
+            "the model: a .onnx file, or an estimator saved with skops (.skops) or "
+            f"pickle/joblib ({', '.join(PICKLE_SUFFIXES)}: only load files you trust) "
+            "(required)"
+        ),
+    )
+    predict.add_argument(
+        "--data", required=True, metavar="CSV", help="CSV file to predict on (required)"
+    )
+    predict.add_argument(
+        "--out",
+        default=None,
+        metavar="CSV",
+        help="where to write the predictions (default: the standard output)",
+    )
+    predict.add_argument(
+        "--trust",
+        action="store_true",
+        help="load the types of a .skops file that neither skops nor onnxgrad_sklearn trusts",
+    )
+    return predict
+
+
+def _add_demo_parser(commands) -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo",
         help="train an MLP on scikit-learn's diabetes data (the README's demo)",
@@ -266,16 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
             "it with MLPRegressor, write the ONNX model and its loss curve."
         ),
     )
-    demo.add_argument(
-        "--epochs", type=_positive_int, default=None, metavar="N", help="epochs (default: 60)"
-    )
-    demo.add_argument(
-        "--out",
-        default=None,
-        metavar="FOLDER",
-        help="folder for the ONNX model and the PNG (default: demo_output)",
-    )
-    return parser
+    return _demo_module.add_arguments(demo)
 
 
 # helpers --------------------------------------------------------------------------
@@ -287,6 +456,10 @@ def _one_line(exc: BaseException) -> str:
 def _quoted(names: Sequence[Any], limit: int = 10) -> str:
     shown = ", ".join(repr(str(n)) for n in names[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _warn(message: str) -> None:
+    print(f"{PROG}: warning: {message}", file=sys.stderr)
 
 
 def infer_task(y: Any) -> str:
@@ -322,8 +495,7 @@ def _read_csv(path: str):
         import pandas as pd
     except ImportError as exc:
         raise ImportError(
-            "the fit command reads CSV files with pandas, which is not installed: "
-            "pip install pandas"
+            f"{PROG} reads CSV files with pandas, which is not installed: pip install pandas"
         ) from exc
     if not os.path.exists(path):
         raise CLIError(f"data file not found: {path}")
@@ -335,25 +507,15 @@ def _read_csv(path: str):
         raise CLIError(f"cannot read CSV file {path}: {_one_line(exc)}") from exc
     if frame.shape[0] == 0:
         raise CLIError(f"CSV file {path} has no data rows")
-    return frame
+    return frame.set_axis([str(c) for c in frame.columns], axis=1)
 
 
-def _split_columns(frame, target: str, path: str):
+def _feature_frame(frame, features: Sequence[str]):
+    """The feature columns as float64, once they are checked numeric and complete."""
     import numpy as np
     import pandas as pd
 
-    columns = [str(c) for c in frame.columns]
-    if target not in columns:
-        close = difflib.get_close_matches(target, columns, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise CLIError(
-            f"target column {target!r} not found in {path}{hint}; its columns are "
-            f"{_quoted(columns)}"
-        )
-    frame = frame.set_axis(columns, axis=1)
-    features = [c for c in columns if c != target]
-    if not features:
-        raise CLIError(f"{path} has no feature column: every column but the target is a feature")
+    features = list(features)
     text = [c for c in features if not pd.api.types.is_numeric_dtype(frame[c])]
     if text:
         sample = frame[text[0]].dropna()
@@ -376,51 +538,50 @@ def _split_columns(frame, target: str, path: str):
             + (f" (and {len(missing) - 1} more columns have some)" if len(missing) > 1 else "")
             + ": fill or drop them first"
         )
-    y = frame[target]
-    if y.isna().any():
-        raise CLIError(
-            f"target column {target!r} has {int(y.isna().sum())} missing values: "
-            "drop those rows first"
-        )
-    if isinstance(y.dtype, pd.CategoricalDtype) or y.dtype == bool:
-        y = y.astype(str)
-    X = frame[features].to_numpy(dtype=np.float64)
-    return X, y.to_numpy(), features
+    return frame[features].astype(np.float64)
 
 
-def _load_model(path: str, trust: bool):
+def _load_model(path: str, trust: bool, what: str = "the model"):
+    """Load a saved estimator (skops, pickle or joblib)."""
     lower = path.lower()
     if lower.endswith(SKOPS_SUFFIXES):
-        try:
-            import skops.io as sio
-        except ImportError as exc:
-            raise ImportError(
-                f"loading {path} needs skops, which is not installed: pip install skops"
-            ) from exc
-        try:
-            untrusted = sio.get_untrusted_types(file=path)
-        except Exception as exc:  # not a skops file (zipfile.BadZipFile, ...)
-            raise CLIError(f"cannot load the model in {path}: {_one_line(exc)}") from exc
-        if untrusted and not trust:
-            raise CLIError(
-                f"{path} holds types skops does not trust by default: {', '.join(untrusted)}; "
-                "check them and pass --trust to load it"
-            )
-        try:
-            return sio.load(path, trusted=untrusted or None)
-        except Exception as exc:
-            raise CLIError(f"cannot load the model in {path}: {_one_line(exc)}") from exc
+        return _load_skops(path, trust)
     if lower.endswith(PICKLE_SUFFIXES):
         import joblib
 
         try:
             return joblib.load(path)
         except Exception as exc:  # a corrupt or foreign file fails in many ways
-            raise CLIError(f"cannot load the model in {path}: {_one_line(exc)}") from exc
+            raise CLIError(f"cannot load {what} in {path}: {_one_line(exc)}") from exc
     raise CLIError(
         f"cannot tell how to load {path}: a model file ends with "
-        f"{', '.join(PICKLE_SUFFIXES + SKOPS_SUFFIXES)}"
+        f"{', '.join(SKOPS_SUFFIXES + PICKLE_SUFFIXES)}"
     )
+
+
+def _load_skops(path: str, trust: bool):
+    try:
+        import skops.io as sio
+    except ImportError as exc:
+        raise ImportError(
+            f"loading {path} needs skops, which is not installed: {_SKOPS_HINT}"
+        ) from exc
+    from . import SKOPS_TRUSTED_TYPES
+
+    try:
+        untrusted = sio.get_untrusted_types(file=path)
+    except Exception as exc:  # not a skops file (zipfile.BadZipFile, ...)
+        raise CLIError(f"cannot load the model in {path}: {_one_line(exc)}") from exc
+    unknown = [t for t in untrusted if t not in SKOPS_TRUSTED_TYPES]
+    if unknown and not trust:
+        raise CLIError(
+            f"{path} holds types skops does not trust by default: {', '.join(unknown)}; "
+            "check them and pass --trust to load it"
+        )
+    try:
+        return sio.load(path, trusted=list(SKOPS_TRUSTED_TYPES) + unknown)
+    except Exception as exc:
+        raise CLIError(f"cannot load the model in {path}: {_one_line(exc)}") from exc
 
 
 def _is_fitted(model) -> bool:
@@ -434,70 +595,405 @@ def _is_fitted(model) -> bool:
     return True
 
 
-def _loaded_template(args, features):
-    """The template loaded from ``--model PATH``, its task, and the column order it needs."""
-    from sklearn.base import is_classifier, is_regressor
+def _parent(path: str) -> None:
+    folder = os.path.dirname(path)
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise CLIError(f"cannot create the folder {folder}: {exc.strerror or exc}") from exc
 
-    path = args.model
-    if not os.path.exists(path):
+
+# fit: data --------------------------------------------------------------------------
+@dataclass
+class _Data:
+    path: str
+    target: str
+    X: Any  # DataFrame of the feature columns, float64
+    y: Any  # ndarray
+    features: list[str]
+
+
+def _read_training_data(args) -> _Data:
+    frame = _read_csv(args.data)
+    columns = list(frame.columns)
+    if args.target not in columns:
+        close = difflib.get_close_matches(args.target, columns, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise CLIError(
-            f"model file not found: {path} (--model takes mlp, linear, or the path of a "
-            f"{', '.join(PICKLE_SUFFIXES + SKOPS_SUFFIXES)} file)"
+            f"target column {args.target!r} not found in {args.data}{hint}; its columns are "
+            f"{_quoted(columns)}"
         )
-    model = _load_model(path, args.trust)
-    if not (hasattr(model, "fit") and hasattr(model, "predict")):
+    features = [c for c in columns if c != args.target]
+    if not features:
         raise CLIError(
-            f"{path} does not hold a scikit-learn estimator (got {type(model).__name__})"
+            f"{args.data} has no feature column: every column but the target is a feature"
         )
-    if is_classifier(model):
-        task = "classification"
-    elif is_regressor(model):
-        task = "regression"
-    else:
+    X = _feature_frame(frame, features)
+    y = frame[args.target]
+    if y.isna().any():
         raise CLIError(
-            f"the model in {path} ({type(model).__name__}) is neither a regressor nor a classifier"
+            f"target column {args.target!r} has {int(y.isna().sum())} missing values: "
+            "drop those rows first"
         )
-    if args.task not in ("auto", task):
-        raise CLIError(f"--task {args.task}, but the model in {path} is a {task} model")
-    order = list(features)
-    fitted = _is_fitted(model)
-    names = getattr(model, "feature_names_in_", None)
-    n_in = getattr(model, "n_features_in_", None)
-    if fitted and names is not None:
-        names = [str(n) for n in names]
-        absent = [n for n in names if n not in features]
-        if absent:
+    import pandas as pd
+
+    if isinstance(y.dtype, pd.CategoricalDtype) or y.dtype == bool:
+        y = y.astype(str)
+    return _Data(args.data, args.target, X, y.to_numpy(), features)
+
+
+# fit: choose the template -----------------------------------------------------------
+@dataclass
+class _Template:
+    template: Any
+    task: str
+    how: str  # how the task was chosen, for the summary
+    origin: str = ""  # where the template comes from, for the summary
+    fitted: bool = False  # a fitted template: fine-tuned from its weights
+    target_scaler: Any = None  # the --init model's fitted target scaler
+    loss: Any = None  # the --init estimator's loss
+
+
+def _choose_template(args, data: _Data) -> _Template:
+    init = args.init
+    if args.model is not None and args.model not in TEMPLATES:
+        if init is not None or not _looks_like_path(args.model):
             raise CLIError(
-                f"the model in {path} was fitted on columns missing from the data: "
-                f"{_quoted(absent)}"
+                f"--model takes {' or '.join(TEMPLATES)}, got {args.model!r} (a saved model "
+                "to fine-tune goes to --init PATH)"
             )
-        extra = [n for n in features if n not in names]
-        if extra:
-            raise CLIError(
-                f"the data has feature columns the model in {path} was not fitted on: "
-                f"{_quoted(extra)}; drop them from the CSV"
-            )
-        order = names
-    elif fitted and n_in is not None and n_in != len(features):
+        _warn(f"--model PATH is deprecated, use --init {args.model}")
+        init = args.model
+    elif args.model is not None and init is not None:
         raise CLIError(
-            f"the model in {path} expects {n_in} features, the data has {len(features)} "
-            "feature columns (every column but the target)"
+            f"--model {args.model} trains a new template, --init fine-tunes a saved model: "
+            "give one of them"
         )
-    return model, task, fitted, order
+    if init is None:
+        return _new_template(args, data, args.model or "mlp")
+    if args.hidden is not None:
+        raise CLIError("--hidden applies to --model mlp only, not to an --init model")
+    return _init_template(args, data, init)
 
 
-def _builtin_template(kind: str, task: str, hidden):
-    from sklearn.linear_model import LinearRegression, LogisticRegression
-    from sklearn.neural_network import MLPClassifier, MLPRegressor
+def _looks_like_path(text: str) -> bool:
+    return os.path.exists(text) or text.lower().endswith(
+        SKOPS_SUFFIXES + PICKLE_SUFFIXES + (os.sep, "/")
+    )
+
+
+def _new_template(args, data: _Data, kind: str) -> _Template:
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    if kind == "mlp":
-        cls = MLPClassifier if task == "classification" else MLPRegressor
-        final = cls(hidden_layer_sizes=hidden or (64,))
+    if args.hidden is not None and kind != "mlp":
+        raise CLIError("--hidden applies to --model mlp only")
+    task = infer_task(data.y) if args.task == "auto" else args.task
+    final = TEMPLATES[kind](task, args.hidden)
+    how = " (auto)" if args.task == "auto" else ""
+    return _Template(make_pipeline(StandardScaler(), final), task, how)
+
+
+def _init_template(args, data: _Data, path: str) -> _Template:
+    from sklearn.base import is_classifier, is_regressor
+
+    if not os.path.exists(path):
+        raise CLIError(
+            f"model file not found: {path} (--init takes the path of a "
+            f"{', '.join(SKOPS_SUFFIXES + PICKLE_SUFFIXES)} file)"
+        )
+    loaded = _load_model(path, args.trust)
+    if not (hasattr(loaded, "fit") and hasattr(loaded, "predict")):
+        raise CLIError(
+            f"{path} does not hold a scikit-learn estimator (got {type(loaded).__name__})"
+        )
+    template, scaler, saved = _unwrap(loaded, path)
+    if is_classifier(template):
+        task = "classification"
+    elif is_regressor(template):
+        task = "regression"
     else:
-        final = LogisticRegression() if task == "classification" else LinearRegression()
-    return make_pipeline(StandardScaler(), final)
+        raise CLIError(
+            f"the model in {path} ({type(template).__name__}) is neither a regressor nor "
+            "a classifier"
+        )
+    if args.task not in ("auto", task):
+        raise CLIError(f"--task {args.task}, but the model in {path} is a {task} model")
+    fitted = _is_fitted(template)
+    reordered = _order_columns(data, loaded, template, fitted, path)
+    origin = f", {'fine-tuned from' if fitted else 'initialised, unfitted, from'} {path}"
+    if reordered:
+        origin += ", columns reordered as the model was fitted"
+    how = f" (from {path})" if args.task == "auto" else ""
+    loss = getattr(saved, "loss", None)
+    return _Template(template, task, how, origin, fitted, scaler, loss)
+
+
+def _unwrap(loaded, path: str):
+    """The template inside a loaded model, its target scaler, and the estimator of ours."""
+    from sklearn.compose import TransformedTargetRegressor
+
+    from ._base import BaseOrtGradient
+
+    scaler = None
+    model = loaded
+    if isinstance(model, TransformedTargetRegressor):
+        if not _is_fitted(model):
+            raise CLIError(f"the TransformedTargetRegressor in {path} is not fitted")
+        scaler = model.transformer_
+        if not (hasattr(scaler, "mean_") or hasattr(scaler, "scale_")):
+            raise CLIError(
+                f"the target transformer of the model in {path} ({type(scaler).__name__}) "
+                "is not a StandardScaler: only a standardised target can be fine-tuned"
+            )
+        model = model.regressor_
+    if isinstance(model, BaseOrtGradient):
+        if not _is_fitted(model):
+            return model._template(), scaler, model
+        return model.estimator_, scaler, model
+    return model, scaler, None
+
+
+def _order_columns(data: _Data, loaded, template, fitted: bool, path: str) -> bool:
+    """Put the data's columns in the order the fitted model takes; True if reordered."""
+    if not fitted:
+        return False
+    names = getattr(loaded, "feature_names_in_", None)
+    if names is None:
+        names = getattr(template, "feature_names_in_", None)
+    n_in = getattr(template, "n_features_in_", None)
+    if names is None:
+        if n_in is not None and n_in != len(data.features):
+            raise CLIError(
+                f"the model in {path} expects {n_in} features, the data has "
+                f"{len(data.features)} feature columns (every column but the target)"
+            )
+        return False
+    names = [str(n) for n in names]
+    absent = [n for n in names if n not in data.features]
+    if absent:
+        raise CLIError(
+            f"the model in {path} was fitted on columns missing from the data: {_quoted(absent)}"
+        )
+    extra = [n for n in data.features if n not in names]
+    if extra:
+        raise CLIError(
+            f"the data has feature columns the model in {path} was not fitted on: "
+            f"{_quoted(extra)}; drop them from the CSV"
+        )
+    if names == data.features:
+        return False
+    data.X, data.features = data.X[names], names
+    return True
+
+
+# fit: check the target and the loss -------------------------------------------------
+def _check_target(data: _Data, task: str):
+    import numpy as np
+
+    y = np.asarray(data.y)
+    if task == "regression":
+        if not np.issubdtype(y.dtype, np.number):
+            raise CLIError(
+                f"target column {data.target!r} is not numeric, a regression needs numbers "
+                "(use --task classification for labels)"
+            )
+        return y.astype(np.float64)
+    if np.issubdtype(y.dtype, np.floating) and not np.all(y == np.round(y)):
+        raise CLIError(
+            f"target column {data.target!r} holds continuous values, a classification "
+            "needs labels (use --task regression)"
+        )
+    return y
+
+
+def _choose_loss(args, chosen: _Template):
+    """The loss to train with: a name, or a loss object when a flag sets its parameter."""
+    from sklearn.base import clone
+
+    flags = {flag: getattr(args, flag) for flag in LOSS_FLAGS if getattr(args, flag) is not None}
+    name = args.loss
+    if name is None and flags:
+        implied = {LOSS_FLAGS[flag][1] for flag in flags}
+        if len(implied) > 1:
+            raise CLIError(
+                f"{' and '.join('--' + f for f in flags)} set different losses: give one"
+            )
+        name = implied.pop()
+    if name is None:
+        if chosen.loss is not None and chosen.task == "regression":
+            return chosen.loss if isinstance(chosen.loss, str) else clone(chosen.loss)
+        name = "log_loss" if chosen.task == "classification" else "squared_error"
+    allowed = CLASSIFICATION_LOSSES if chosen.task == "classification" else REGRESSION_LOSSES
+    if name not in allowed:
+        raise CLIError(f"--loss {name} does not apply to {chosen.task}: use {', '.join(allowed)}")
+    if not flags:
+        return name
+    loss = _losses.get_loss(name)
+    params = loss.get_params()
+    for flag, value in flags.items():
+        param = LOSS_FLAGS[flag][0]
+        if param not in params:
+            raise CLIError(f"--{flag} applies to --loss {LOSS_FLAGS[flag][1]} only, not {name}")
+        loss.set_params(**{param: value})
+    return loss
+
+
+def _loss_text(loss) -> str:
+    if isinstance(loss, str):
+        return loss
+    names = [n for n, cls in _losses._LOSSES.items() if type(loss) is cls]
+    params = ", ".join(f"{k}={v!r}" for k, v in loss.get_params().items())
+    return (names[0] if names else type(loss).__name__) + (f" ({params})" if params else "")
+
+
+def _loss_name(loss) -> str:
+    if isinstance(loss, str):
+        return loss
+    names = [n for n, cls in _losses._LOSSES.items() if type(loss) is cls]
+    return names[0] if names else type(loss).__name__
+
+
+# fit: split and target scaling ------------------------------------------------------
+@dataclass
+class _Split:
+    X_train: Any
+    X_test: Any
+    y_train: Any
+    y_test: Any
+
+
+def _split(X, y, task: str, test_size: float, random_state) -> _Split:
+    if test_size == 0:
+        return _Split(X, None, y, None)
+    from sklearn.model_selection import train_test_split
+
+    n_test = math.ceil(test_size * len(y))
+    if len(y) - n_test < 2:
+        raise CLIError(
+            f"--test-size {test_size} leaves {len(y) - n_test} training rows out of {len(y)}: "
+            "use a smaller --test-size (0 trains on all rows)"
+        )
+    if task == "classification":
+        try:
+            return _Split(
+                *train_test_split(X, y, test_size=test_size, random_state=random_state, stratify=y)
+            )
+        except ValueError:  # a class too rare to stratify: split without it
+            pass
+    return _Split(*train_test_split(X, y, test_size=test_size, random_state=random_state))
+
+
+def _target_scaler(args, chosen: _Template, loss, y_train):
+    """The fitted StandardScaler of the training target, or None (and why not)."""
+    if chosen.task != "regression":
+        return None, ""
+    if chosen.target_scaler is not None:
+        if not args.scale_target:
+            raise CLIError(
+                "--no-scale-target: the --init model was trained on a standardised target, "
+                "its weights only hold with its scaling (drop --no-scale-target)"
+            )
+        return chosen.target_scaler, "the --init model's scaling"
+    if not args.scale_target:
+        return None, "raw (--no-scale-target)"
+    if chosen.fitted:
+        return None, "raw (the fitted --init model predicts raw targets)"
+    name = _loss_name(loss)
+    if name.startswith(POSITIVE_TARGET_LOSSES):
+        return None, f"raw (loss {name} takes positive targets)"
+    from sklearn.preprocessing import StandardScaler
+
+    return StandardScaler().fit(y_train.reshape(-1, 1)), "standardised for training"
+
+
+def _scaling(scaler) -> tuple[float, float]:
+    """``(mean, scale)`` of a fitted StandardScaler-like transformer."""
+    mean = getattr(scaler, "mean_", None)
+    scale = getattr(scaler, "scale_", None)
+    mean = 0.0 if mean is None else float(mean[0])
+    scale = 1.0 if scale is None else float(scale[0])
+    return mean, scale
+
+
+# fit: train -------------------------------------------------------------------------
+def _make_estimator(args, chosen: _Template, loss):
+    from . import OrtGradientClassifier, OrtGradientRegressor
+
+    cls = OrtGradientClassifier if chosen.task == "classification" else OrtGradientRegressor
+    # every setting explicit, so that the CLI does not follow the estimators' defaults
+    return cls(
+        chosen.template,
+        loss=loss,
+        optimizer=args.optimizer,
+        learning_rate="constant",
+        learning_rate_init=args.learning_rate,
+        batch_size=args.batch_size,
+        max_iter=args.epochs,
+        alpha=args.alpha,
+        random_state=args.random_state,
+        verbose=1 if args.verbose else 0,
+    )
+
+
+def _train(est, split: _Split, scaler):
+    """Fit ``est`` (on the scaled target); return the model that predicts raw targets."""
+    import onnxruntime
+    from sklearn.exceptions import ConvergenceWarning
+
+    # the runtime's own warnings (graph clean-ups when sessions are built) would
+    # interleave with the progress bar; errors still show
+    onnxruntime.set_default_logger_severity(3)
+    y = split.y_train
+    if scaler is not None:
+        y = scaler.transform(y.reshape(-1, 1)).ravel()
+    begin = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est.fit(split.X_train, y)
+    seconds = time.perf_counter() - begin
+    for message in dict.fromkeys(str(w.message) for w in caught):
+        _warn(" ".join(message.split()))
+    return (est if scaler is None else _with_target_scaling(est, scaler)), seconds
+
+
+def _with_target_scaling(est, scaler):
+    """A fitted TransformedTargetRegressor of ``est`` (trained on scaled targets)."""
+    from sklearn.compose import TransformedTargetRegressor
+    from sklearn.preprocessing import StandardScaler
+
+    model = TransformedTargetRegressor(regressor=est, transformer=StandardScaler())
+    # what TransformedTargetRegressor.fit sets, without training a clone of est again
+    model.regressor_ = est
+    model.transformer_ = scaler
+    model._training_dim = 1
+    if hasattr(est, "feature_names_in_"):
+        model.feature_names_in_ = est.feature_names_in_
+    return model
+
+
+# fit: report ------------------------------------------------------------------------
+def _print_summary(args, data: _Data, chosen: _Template, loss, split: _Split, scaling: str):
+    import numpy as np
+
+    print(
+        f"data: {data.path}, {len(data.y)} rows, {len(data.features)} features "
+        f"({_quoted(data.features, 8)}), target {data.target!r}"
+    )
+    task_text = f"task: {chosen.task}{chosen.how}"
+    if chosen.task == "classification":
+        classes = np.unique(data.y)
+        task_text += f", {len(classes)} classes: {_quoted(list(classes), 8)}"
+    print(task_text)
+    print(
+        f"model: {_describe(chosen.template)}{chosen.origin}; loss {_loss_text(loss)}, "
+        f"optimizer {args.optimizer}, learning rate {args.learning_rate:g}, batch size "
+        f"{args.batch_size}, {args.epochs} epochs, alpha {args.alpha:g}"
+    )
+    if scaling:
+        print(f"target: {scaling}")
+    held = f", {len(split.y_test)} test rows" if split.y_test is not None else ", no test rows"
+    print(f"split: {len(split.y_train)} training rows{held}")
 
 
 def _describe(template) -> str:
@@ -515,47 +1011,41 @@ def _describe_one(model) -> str:
     return type(model).__name__
 
 
-def _split(X, y, task: str, test_size: float, random_state):
-    if test_size == 0:
-        return X, None, y, None
-    from sklearn.model_selection import train_test_split
-
-    n_test = math.ceil(test_size * len(y))
-    if len(y) - n_test < 2:
-        raise CLIError(
-            f"--test-size {test_size} leaves {len(y) - n_test} training rows out of {len(y)}: "
-            "use a smaller --test-size (0 trains on all rows)"
+def _print_training(est, args, seconds: float, scaled: bool) -> None:
+    stopped = ""
+    if est.n_iter_ < args.epochs:
+        stopped = (
+            f" (stopped early: the training loss improved by less than {est.tol:g} "
+            f"for {est.n_iter_no_change} epochs)"
         )
-    if task == "classification":
-        try:
-            return train_test_split(
-                X, y, test_size=test_size, random_state=random_state, stratify=y
-            )
-        except ValueError:  # a class too rare to stratify: split without it
-            pass
-    return train_test_split(X, y, test_size=test_size, random_state=random_state)
+    on = " (of the standardised target)" if scaled else ""
+    print(
+        f"trained {est.n_iter_} epochs in {seconds:.2f} s, final training loss "
+        f"{est.loss_curve_[-1]:.6g}{on}{stopped}"
+    )
 
 
-def _metrics(est, task: str, X, y) -> dict[str, float]:
+def _metrics(model, task: str, X, y) -> dict[str, float]:
     import numpy as np
     from sklearn.metrics import accuracy_score, mean_absolute_error, r2_score
 
     if task == "regression":
-        pred = est.predict(X)
+        pred = model.predict(X)
         r2 = r2_score(y, pred) if len(y) > 1 else float("nan")
         return {"R2": r2, "MAE": mean_absolute_error(y, pred)}
-    log_proba = est.predict_log_proba(X)
-    pred = est.classes_[log_proba.argmax(axis=1)]
-    known = np.isin(y, est.classes_)  # a test label absent from training has no probability
-    index = np.searchsorted(est.classes_, y[known])
+    log_proba = model.predict_log_proba(X)
+    pred = model.classes_[log_proba.argmax(axis=1)]
+    known = np.isin(y, model.classes_)  # a test label absent from training has no probability
+    index = np.searchsorted(model.classes_, y[known])
     picked = log_proba[known][np.arange(index.size), index]
     logloss = float(-picked.mean()) if index.size else float("nan")
     return {"accuracy": accuracy_score(y, pred), "log-loss": logloss}
 
 
-def _print_metrics(train: dict[str, float], test: dict[str, float] | None) -> None:
-    header = f"{'':12s}{'train':>12s}" + (f"{'test':>12s}" if test is not None else "")
-    print(header)
+def _print_metrics(model, task: str, split: _Split) -> None:
+    train = _metrics(model, task, split.X_train, split.y_train)
+    test = _metrics(model, task, split.X_test, split.y_test) if split.y_test is not None else None
+    print(f"{'':12s}{'train':>12s}" + (f"{'test':>12s}" if test is not None else ""))
     for name, value in train.items():
         line = f"{name:12s}{value:12.6g}"
         if test is not None:
@@ -563,176 +1053,335 @@ def _print_metrics(train: dict[str, float], test: dict[str, float] | None) -> No
         print(line)
 
 
-def _warn(message: str) -> None:
-    print(f"{PROG}: warning: {message}", file=sys.stderr)
+# fit: write outputs -----------------------------------------------------------------
+@dataclass
+class _Outputs:
+    onnx: str
+    skops: str
+    png: str
 
 
-def _write_plot(est, path: str) -> bool:
-    """Write the loss-curve PNG; False (and a warning) when matplotlib is missing."""
+def _output_paths(args) -> _Outputs:
+    out = os.path.abspath(args.out)
+    paths = _Outputs(
+        out,
+        os.path.splitext(out)[0] + SKOPS_SUFFIXES[0],
+        os.path.abspath(args.plot or os.path.splitext(args.out)[0] + ".png"),
+    )
+    _parent(paths.onnx)  # fail before training, not after
+    _parent(paths.png)
+    return paths
+
+
+def export_onnx(model, features: Sequence[str], target: str | None = None):
+    """The ONNX model of a model written by ``fit``, raw target scale and metadata included.
+
+    Parameters
+    ----------
+    model : OrtGradientRegressor, OrtGradientClassifier or TransformedTargetRegressor
+        A fitted estimator of this package, or a TransformedTargetRegressor of
+        a fitted OrtGradientRegressor with a fitted StandardScaler.
+    features : sequence of str
+        Names of the columns of the input ``X``, in order.
+    target : str, optional
+        Name of the target column.
+
+    Returns
+    -------
+    onnx.ModelProto
+        The trained graph; for a TransformedTargetRegressor its prediction
+        output is followed by ``* scale + mean`` (same output name), so that
+        it returns raw targets. ``metadata_props`` hold ``feature_names``
+        (comma-joined), ``feature_names_json``, ``target``, ``classes`` (JSON,
+        classifiers) and ``target_scaling`` (JSON, when scaled).
+    """
+    from sklearn.compose import TransformedTargetRegressor
+
+    meta = {META_FEATURES: ",".join(features), META_FEATURES_JSON: json.dumps(list(features))}
+    if target is not None:
+        meta[META_TARGET] = str(target)
+    if isinstance(model, TransformedTargetRegressor):
+        onnx_model = model.regressor_.to_onnx()
+        mean, scale = _scaling(model.transformer_)
+        _append_affine(onnx_model, scale, mean)
+        meta[META_TARGET_SCALING] = json.dumps({"mean": mean, "scale": scale})
+    else:
+        onnx_model = model.to_onnx()
+    if hasattr(model, "classes_"):
+        meta[META_CLASSES] = json.dumps(model.classes_.tolist())
+    for key, value in meta.items():
+        onnx_model.metadata_props.add(key=key, value=value)
+    return onnx_model
+
+
+def _append_affine(model, scale: float, offset: float) -> None:
+    """Turn the first output ``y`` into ``y * scale + offset``, keeping its name."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    out = graph.output[0].name
+    taken = {n for node in graph.node for n in (*node.input, *node.output)}
+    taken |= {i.name for i in graph.initializer} | {i.name for i in graph.input}
+
+    def unique(base: str) -> str:
+        name, k = base, 0
+        while name in taken:
+            k += 1
+            name = f"{base}_{k}"
+        taken.add(name)
+        return name
+
+    inner, scaled = unique(f"{out}_standardised"), unique(f"{out}_times_scale")
+    for node in graph.node:
+        for names in (node.input, node.output):
+            for i, name in enumerate(names):
+                if name == out:
+                    names[i] = inner
+    dtype = helper.tensor_dtype_to_np_dtype(graph.output[0].type.tensor_type.elem_type)
+    scale_name, offset_name = unique("target_scale"), unique("target_mean")
+    graph.initializer.extend(
+        [
+            numpy_helper.from_array(np.array([scale], dtype=dtype), scale_name),
+            numpy_helper.from_array(np.array([offset], dtype=dtype), offset_name),
+        ]
+    )
+    graph.node.extend(
+        [
+            helper.make_node("Mul", [inner, scale_name], [scaled], name=unique("target_mul")),
+            helper.make_node("Add", [scaled, offset_name], [out], name=unique("target_add")),
+        ]
+    )
+
+
+def _write_onnx(model, data: _Data, path: str) -> None:
+    onnx_model = export_onnx(model, data.features, data.target)
+    try:
+        with open(path, "wb") as f:
+            f.write(onnx_model.SerializeToString())
+    except OSError as exc:
+        raise CLIError(f"cannot write the ONNX model to {path}: {exc.strerror or exc}") from exc
+    inputs = ", ".join(i.name for i in onnx_model.graph.input)
+    outputs = ", ".join(o.name for o in onnx_model.graph.output)
+    print(
+        f"ONNX model written to {path} (input {inputs}: float32 of shape (n, "
+        f"{len(data.features)}), columns {_quoted(data.features, 8)}; outputs {outputs})"
+    )
+
+
+def _write_estimator(model, path: str) -> None:
+    try:
+        import skops.io as sio
+    except ImportError:
+        _warn(f"saved estimator skipped: skops is not installed ({_SKOPS_HINT})")
+        return
+    from . import SKOPS_TRUSTED_TYPES
+
+    try:
+        sio.dump(model, path)
+    except OSError as exc:
+        raise CLIError(f"cannot write the estimator to {path}: {exc.strerror or exc}") from exc
+    unknown = [t for t in sio.get_untrusted_types(file=path) if t not in SKOPS_TRUSTED_TYPES]
+    if unknown:
+        _warn(f"loading {path} needs --trust, it holds the types {', '.join(unknown)}")
+    print(
+        f"estimator written to {path} (skops.io.load(path, "
+        "trusted=onnxgrad_sklearn.SKOPS_TRUSTED_TYPES); fine-tune it with --init)"
+    )
+
+
+def _write_plot(est, path: str) -> None:
+    """Write the loss-curve PNG; a warning instead when matplotlib is missing."""
     try:
         from matplotlib.figure import Figure
     except ImportError:
         _warn(f"loss-curve PNG skipped: matplotlib is not installed ({_MATPLOTLIB_HINT})")
-        return False
+        return
     from .plotting import plot_loss_curve
 
     fig = Figure(figsize=(7, 4.5))
     plot_loss_curve(est, ax=fig.subplots())
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    return True
-
-
-def _parent(path: str) -> None:
-    folder = os.path.dirname(path)
     try:
-        os.makedirs(folder, exist_ok=True)
+        fig.savefig(path, dpi=100, bbox_inches="tight")
     except OSError as exc:
-        raise CLIError(f"cannot create the folder {folder}: {exc.strerror or exc}") from exc
+        raise CLIError(f"cannot write the loss curve to {path}: {exc.strerror or exc}") from exc
+    print(f"loss curve written to {path}")
 
 
 # commands -------------------------------------------------------------------------
 def _fit(args: argparse.Namespace) -> int:
-    frame = _read_csv(args.data)
-    X, y, features = _split_columns(frame, args.target, args.data)
+    data = _read_training_data(args)
+    chosen = _choose_template(args, data)
+    y = _check_target(data, chosen.task)
+    loss = _choose_loss(args, chosen)
+    paths = _output_paths(args)
+    split = _split(data.X, y, chosen.task, args.test_size, args.random_state)
+    scaler, scaling = _target_scaler(args, chosen, loss, split.y_train)
+    if scaler is not None:
+        mean, scale = _scaling(scaler)
+        scaling += f" (mean {mean:.6g}, std {scale:.6g}); the outputs predict raw values"
+    _print_summary(args, data, chosen, loss, split, scaling)
 
-    if args.model in ("mlp", "linear"):
-        if args.hidden is not None and args.model != "mlp":
-            raise CLIError("--hidden applies to --model mlp only")
-        task = infer_task(y) if args.task == "auto" else args.task
-        how = " (auto)" if args.task == "auto" else ""
-        template = _builtin_template(args.model, task, args.hidden)
-        origin = ""
-    else:
-        if args.hidden is not None:
-            raise CLIError("--hidden applies to --model mlp only, not to a model file")
-        template, task, fitted, order = _loaded_template(args, features)
-        if order != features:
-            X = X[:, [features.index(n) for n in order]]
-            features = order
-            origin_note = ", columns reordered as the model was fitted"
+    est = _make_estimator(args, chosen, loss)
+    model, seconds = _train(est, split, scaler)
+    _print_training(est, args, seconds, scaler is not None)
+    _print_metrics(model, chosen.task, split)
+
+    _write_onnx(model, data, paths.onnx)
+    _write_estimator(model, paths.skops)
+    _write_plot(est, paths.png)
+    return 0
+
+
+class _OnnxPredictor:
+    """Predictions of an ONNX model written by ``fit`` (or any one-input model)."""
+
+    def __init__(self, path: str):
+        import onnxruntime
+
+        onnxruntime.set_default_logger_severity(3)
+        try:
+            self.session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+        except Exception as exc:
+            raise CLIError(f"cannot load the ONNX model in {path}: {_one_line(exc)}") from exc
+        inputs = self.session.get_inputs()
+        if len(inputs) != 1:
+            raise CLIError(
+                f"the ONNX model in {path} has {len(inputs)} inputs: predict runs models of "
+                "one input, the matrix of the features"
+            )
+        self.input = inputs[0]
+        meta = self.session.get_modelmeta().custom_metadata_map
+        if META_FEATURES_JSON in meta:
+            self.features = json.loads(meta[META_FEATURES_JSON])
+        elif META_FEATURES in meta:
+            self.features = meta[META_FEATURES].split(",")
         else:
-            origin_note = ""
-        how = f" (from {args.model})" if args.task == "auto" else ""
-        origin = f", {'fine-tuned from' if fitted else 'initialised, unfitted, from'} {args.model}"
-        origin += origin_note
+            self.features = None
+        width = self.input.shape[-1] if len(self.input.shape) == 2 else None
+        self.n_features = width if isinstance(width, int) else None
+        self.classes = json.loads(meta[META_CLASSES]) if META_CLASSES in meta else None
 
+    def predict(self, X):
+        import numpy as np
+
+        dtype = np.float64 if self.input.type == "tensor(double)" else np.float32
+        outputs = self.session.run(None, {self.input.name: X.to_numpy(dtype=dtype)})
+        if len(outputs) < 2:  # a regressor
+            return _table(outputs[0])
+        labels, proba = outputs[0], outputs[1]
+        classes = self.classes
+        if isinstance(proba, list):  # a ZipMap: one dict per row
+            classes = classes or list(proba[0])
+            proba = np.array([[row[c] for c in classes] for row in proba])
+        return _table(labels, proba, classes)
+
+
+class _EstimatorPredictor:
+    """Predictions of a saved estimator."""
+
+    def __init__(self, path: str, trust: bool):
+        self.model = _load_model(path, trust)
+        if not hasattr(self.model, "predict"):
+            raise CLIError(f"{path} does not hold an estimator (got {type(self.model).__name__})")
+        if not _is_fitted(self.model):
+            raise CLIError(f"the model in {path} is not fitted: train it first (fit)")
+        names = getattr(self.model, "feature_names_in_", None)
+        self.features = None if names is None else [str(n) for n in names]
+        self.n_features = getattr(self.model, "n_features_in_", None)
+
+    def predict(self, X):
+        from sklearn.base import is_classifier
+
+        X = X if self.features is not None else X.to_numpy()
+        pred = self.model.predict(X)
+        if is_classifier(self.model) and hasattr(self.model, "predict_proba"):
+            return _table(pred, self.model.predict_proba(X), list(self.model.classes_))
+        return _table(pred)
+
+
+def _table(pred, proba=None, classes=None):
+    """The predictions as a DataFrame: 'prediction' (or one per output), 'proba_CLASS'."""
     import numpy as np
+    import pandas as pd
 
-    if task == "regression":
-        if not np.issubdtype(np.asarray(y).dtype, np.number):
-            raise CLIError(
-                f"target column {args.target!r} is not numeric, a regression needs numbers "
-                "(use --task classification for labels)"
-            )
-        y = np.asarray(y, dtype=np.float64)
+    pred = np.asarray(pred)
+    if pred.ndim == 2 and pred.shape[1] == 1:
+        pred = pred.ravel()
+    if pred.ndim == 1:
+        table = pd.DataFrame({"prediction": pred})
     else:
-        values = np.asarray(y)
-        if np.issubdtype(values.dtype, np.floating) and not np.all(values == np.round(values)):
+        table = pd.DataFrame(pred, columns=[f"prediction_{k}" for k in range(pred.shape[1])])
+    if proba is not None:
+        proba = np.asarray(proba, dtype=np.float64).reshape(len(pred), -1)
+        classes = classes if classes is not None else list(range(proba.shape[1]))
+        for k, cls in enumerate(classes):
+            table[f"proba_{cls}"] = proba[:, k]
+    return table
+
+
+def _load_predictor(path: str, trust: bool):
+    if not os.path.exists(path):
+        raise CLIError(f"model file not found: {path}")
+    if path.lower().endswith(ONNX_SUFFIXES):
+        return _OnnxPredictor(path)
+    if path.lower().endswith(SKOPS_SUFFIXES + PICKLE_SUFFIXES):
+        return _EstimatorPredictor(path, trust)
+    raise CLIError(
+        f"cannot tell how to load {path}: a model file ends with "
+        f"{', '.join(ONNX_SUFFIXES + SKOPS_SUFFIXES + PICKLE_SUFFIXES)}"
+    )
+
+
+def _prediction_features(frame, predictor, data_path: str, model_path: str):
+    """The model's feature columns of ``frame``, by name (or all of them, by position)."""
+    columns = list(frame.columns)
+    names = predictor.features
+    if names is None:
+        width = predictor.n_features
+        if width is not None and width != len(columns):
             raise CLIError(
-                f"target column {args.target!r} holds continuous values, a classification "
-                "needs labels (use --task regression)"
+                f"the model in {model_path} records no feature names and takes {width} "
+                f"columns, {data_path} has {len(columns)}: keep only its feature columns, "
+                "in order"
             )
-    loss = args.loss or ("log_loss" if task == "classification" else "squared_error")
-    allowed = CLASSIFICATION_LOSSES if task == "classification" else REGRESSION_LOSSES
-    if loss not in allowed:
-        raise CLIError(f"--loss {loss} does not apply to {task}: use {', '.join(allowed)}")
-
-    out = os.path.abspath(args.out)
-    png = os.path.abspath(args.plot or os.path.splitext(args.out)[0] + ".png")
-    _parent(out)  # fail before training, not after
-    _parent(png)
-
-    X_train, X_test, y_train, y_test = _split(X, y, task, args.test_size, args.random_state)
-    print(
-        f"data: {args.data}, {len(y)} rows, {len(features)} features "
-        f"({_quoted(features, 8)}), target {args.target!r}"
-    )
-    task_text = f"task: {task}{how}"
-    if task == "classification":
-        classes = np.unique(y)
-        task_text += f", {len(classes)} classes: {_quoted(list(classes), 8)}"
-    print(task_text)
-    print(
-        f"model: {_describe(template)}{origin}; loss {loss}, optimizer {args.optimizer}, "
-        f"learning rate {args.learning_rate:g}, batch size {args.batch_size}, "
-        f"{args.epochs} epochs, alpha {args.alpha:g}"
-    )
-    held = f", {len(y_test)} test rows" if y_test is not None else ", no test rows"
-    print(f"split: {len(y_train)} training rows{held}")
-
-    import onnxruntime
-    from sklearn.exceptions import ConvergenceWarning
-
-    from . import OrtGradientClassifier, OrtGradientRegressor
-
-    # the runtime's own warnings (graph clean-ups when sessions are built) would
-    # interleave with the progress bar; errors still show
-    onnxruntime.set_default_logger_severity(3)
-
-    cls = OrtGradientClassifier if task == "classification" else OrtGradientRegressor
-    est = cls(
-        template,
-        loss=loss,
-        optimizer=args.optimizer,
-        learning_rate_init=args.learning_rate,
-        batch_size=args.batch_size,
-        max_iter=args.epochs,
-        alpha=args.alpha,
-        random_state=args.random_state,
-        verbose=1 if args.verbose else 0,
-    )
-    begin = time.perf_counter()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        est.fit(X_train, y_train)
-    seconds = time.perf_counter() - begin
-    for message in dict.fromkeys(str(w.message) for w in caught):
-        _warn(" ".join(message.split()))
-
-    stopped = ""
-    if est.n_iter_ < args.epochs:
-        stopped = (
-            f" (stopped early: the training loss improved by less than {est.tol:g} "
-            f"for {est.n_iter_no_change} epochs)"
+        return _feature_frame(frame, columns)
+    missing = [n for n in names if n not in columns]
+    if missing:
+        which = (
+            f"feature column {missing[0]!r} is"
+            if len(missing) == 1
+            else f"feature columns {_quoted(missing)} are"
         )
-    print(
-        f"trained {est.n_iter_} epochs in {seconds:.2f} s, final training loss "
-        f"{est.loss_curve_[-1]:.6g}{stopped}"
-    )
-    train_metrics = _metrics(est, task, X_train, y_train)
-    test_metrics = _metrics(est, task, X_test, y_test) if y_test is not None else None
-    _print_metrics(train_metrics, test_metrics)
+        raise CLIError(
+            f"{which} missing from {data_path}: the model in {model_path} takes {_quoted(names)}"
+        )
+    return _feature_frame(frame, names)
 
-    model = est.to_onnx()
+
+def _predict(args: argparse.Namespace) -> int:
+    predictor = _load_predictor(args.model, args.trust)
+    frame = _read_csv(args.data)
+    X = _prediction_features(frame, predictor, args.data, args.model)
+    table = predictor.predict(X)
+    if args.out is None:
+        table.to_csv(sys.stdout, index=False)
+        return 0
+    out = os.path.abspath(args.out)
+    _parent(out)
     try:
-        with open(out, "wb") as f:
-            f.write(model.SerializeToString())
+        table.to_csv(out, index=False)
     except OSError as exc:
-        raise CLIError(f"cannot write the ONNX model to {out}: {exc.strerror or exc}") from exc
-    inputs = ", ".join(i.name for i in model.graph.input)
-    outputs = ", ".join(o.name for o in model.graph.output)
-    print(
-        f"ONNX model written to {out} (input {inputs}: float32 of shape (n, {len(features)}), "
-        f"columns {_quoted(features, 8)}; outputs {outputs})"
-    )
-    try:
-        written = _write_plot(est, png)
-    except OSError as exc:
-        raise CLIError(f"cannot write the loss curve to {png}: {exc.strerror or exc}") from exc
-    if written:
-        print(f"loss curve written to {png}")
+        raise CLIError(f"cannot write the predictions to {out}: {exc.strerror or exc}") from exc
+    print(f"predictions of {len(table)} rows written to {out} (columns {_quoted(table.columns)})")
     return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .demo import main as demo_main
+    return _demo_module.run(epochs=args.epochs, out=args.out)
 
-    argv: list[str] = []
-    if args.epochs is not None:
-        argv += ["--epochs", str(args.epochs)]
-    if args.out is not None:
-        argv += ["--out", args.out]
-    return demo_main(argv)
+
+_COMMANDS = {"fit": _fit, "predict": _predict, "demo": _demo}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -763,7 +1412,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     try:
-        return _fit(args) if args.command == "fit" else _demo(args)
+        return _COMMANDS[args.command](args)
+    except BrokenPipeError:  # the reader of the output went away (| head): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except (CLIError, ValueError, OSError, ImportError) as exc:
         print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
         return 2

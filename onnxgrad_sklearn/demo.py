@@ -15,18 +15,49 @@ import warnings
 
 import numpy as np
 
+#: The defaults of the demo, shared by ``python -m onnxgrad_sklearn.demo`` and
+#: ``onnxgrad-sklearn demo``.
+DEFAULT_EPOCHS = 60
+DEFAULT_OUT = "demo_output"
 
-def main(argv=None) -> int:
-    """Run the demo; return the exit code."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=60, help="training epochs (default 60)")
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the demo's flags (``--epochs``, ``--out``) and their defaults to ``parser``."""
+    parser.add_argument(
+        "--epochs",
+        type=_positive_int,
+        default=DEFAULT_EPOCHS,
+        metavar="N",
+        help=f"training epochs (default: {DEFAULT_EPOCHS})",
+    )
     parser.add_argument(
         "--out",
-        default="demo_output",
-        help="folder for the ONNX file and the loss-curve PNG (default demo_output)",
+        default=DEFAULT_OUT,
+        metavar="FOLDER",
+        help=f"folder for the ONNX model and the loss-curve PNG (default: {DEFAULT_OUT})",
     )
-    args = parser.parse_args(argv)
+    return parser
 
+
+def main(argv=None) -> int:
+    """Parse the demo's flags, run it; return the exit code."""
+    parser = add_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+    args = parser.parse_args(argv)
+    return run(epochs=args.epochs, out=args.out)
+
+
+def run(epochs: int = DEFAULT_EPOCHS, out: str = DEFAULT_OUT) -> int:
+    """Run the demo for ``epochs`` epochs, writing its files into the folder ``out``."""
     import onnxruntime
     from sklearn.datasets import load_diabetes
     from sklearn.exceptions import ConvergenceWarning
@@ -46,11 +77,11 @@ def main(argv=None) -> int:
     y_train_s = (y_train - y_mean) / y_std
 
     settings = dict(
-        learning_rate_init=0.01, alpha=3.0, batch_size=32, max_iter=args.epochs, random_state=0
+        learning_rate_init=0.01, alpha=3.0, batch_size=32, max_iter=epochs, random_state=0
     )
     print(
         f"Diabetes: {X_train.shape[0]} training rows, {X_train.shape[1]} features; "
-        f"MLP (64,), Nesterov momentum 0.9, alpha 3.0, {args.epochs} epochs"
+        f"MLP (64,), Nesterov momentum 0.9, alpha 3.0, {epochs} epochs"
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
@@ -77,8 +108,8 @@ def main(argv=None) -> int:
     print(f"test R2  OrtGradientRegressor: {r2_ort:.4f}  ({ort_seconds:.2f} s)")
     print(f"test R2  MLPRegressor (sgd):   {r2_skl:.4f}  ({skl_seconds:.2f} s)")
 
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.abspath(os.path.join(args.out, "diabetes_mlp.onnx"))
+    os.makedirs(out, exist_ok=True)
+    path = os.path.abspath(os.path.join(out, "diabetes_mlp.onnx"))
     with open(path, "wb") as f:
         f.write(reg.to_onnx().SerializeToString())
     sess = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])

@@ -24,10 +24,14 @@ FIT_FLAGS = [
     "--data",
     "--target",
     "--model",
+    "--init",
     "--trust",
     "--hidden",
     "--task",
     "--loss",
+    "--quantile",
+    "--epsilon",
+    "--no-scale-target",
     "--optimizer",
     "--learning-rate",
     "--batch-size",
@@ -210,7 +214,7 @@ def test_fine_tune_pickled_mlp(data):
         "reg.csv",
         "--target",
         "price",
-        "--model",
+        "--init",
         "mlp.pkl",
         "--epochs",
         "5",
@@ -236,6 +240,196 @@ def test_fine_tune_pickled_mlp(data):
     assert mae == pytest.approx(mean_absolute_error(y, pred), rel=1e-4)
     # and they differ from the pickled model's: its weights were trained further
     assert mae != pytest.approx(mean_absolute_error(y, mlp.predict(X)), rel=1e-3)
+
+
+# save, fine-tune and predict (subprocesses) -----------------------------------
+def _onnx_predict(path, X):
+    sess = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"X": np.asarray(X, dtype=np.float32)})
+
+
+def _load_skops(path):
+    sio = pytest.importorskip("skops.io")
+    import onnxgrad_sklearn
+
+    return sio.load(path, trusted=onnxgrad_sklearn.SKOPS_TRUSTED_TYPES)
+
+
+@pytest.fixture(scope="module")
+def saved(data):
+    """One regression fit (target scaled, the default), its ONNX and .skops files."""
+    pytest.importorskip("skops")
+    result = run_cli(
+        "fit",
+        "--data",
+        "reg.csv",
+        "--target",
+        "price",
+        "--hidden",
+        "8",
+        "--learning-rate",
+        "0.02",
+        "--batch-size",
+        "32",
+        "--epochs",
+        "20",
+        "--random-state",
+        "0",
+        "--out",
+        "saved/price.onnx",
+        "--quiet",
+        cwd=data,
+    )
+    assert result.returncode == 0, result.stderr
+    return data / "saved", result.stdout
+
+
+def test_fit_saves_estimator_with_target_scaling(data, saved):
+    folder, out = saved
+    frame = pd.read_csv(data / "reg.csv")
+    y = frame["price"].to_numpy()
+    assert "target: standardised for training" in out
+    assert f"estimator written to {folder / 'price.skops'}" in out
+    model = _load_skops(folder / "price.skops")
+    from sklearn.compose import TransformedTargetRegressor
+
+    from onnxgrad_sklearn import OrtGradientRegressor
+
+    assert isinstance(model, TransformedTargetRegressor)
+    assert isinstance(model.regressor_, OrtGradientRegressor)
+    assert list(model.feature_names_in_) == FEATURES
+    # the scaler is of the training rows, so close to, not equal to, all rows'
+    assert model.transformer_.mean_[0] == pytest.approx(y.mean(), abs=0.3)
+    assert model.transformer_.scale_[0] == pytest.approx(y.std(), rel=0.1)
+    # the ONNX model takes raw columns and returns raw targets, as the estimator does
+    pred = model.predict(frame[FEATURES])
+    (onnx_pred,) = _onnx_predict(folder / "price.onnx", frame[FEATURES])
+    np.testing.assert_allclose(onnx_pred.ravel(), pred, rtol=1e-5, atol=1e-5)
+    assert r2_score(y, pred) > 0.8
+    # and the inner model predicts the standardised target
+    inner = model.regressor_.predict(frame[FEATURES])
+    assert abs(inner.mean()) < 0.3 and 0.7 < inner.std() < 1.3
+    import onnx
+
+    meta = {p.key: p.value for p in onnx.load(folder / "price.onnx").metadata_props}
+    assert meta["feature_names"] == "a,b,c,d"
+    assert meta["target"] == "price"
+    assert [o.name for o in onnx.load(folder / "price.onnx").graph.output] == ["variable"]
+
+
+def test_predict_from_onnx_and_skops_by_column_name(data, saved):
+    folder, _ = saved
+    frame = pd.read_csv(data / "reg.csv")
+    # columns in another order, the target and an unknown column present: taken by name
+    shuffled = frame[["price", "d", "b", "a", "c"]].assign(note="x")
+    shuffled.to_csv(data / "shuffled.csv", index=False)
+    expected = _load_skops(folder / "price.skops").predict(frame[FEATURES])
+    predictions = {}
+    for name in ("price.onnx", "price.skops"):
+        result = run_cli(
+            "predict",
+            "--model",
+            f"saved/{name}",
+            "--data",
+            "shuffled.csv",
+            "--out",
+            f"pred_{name}.csv",
+            cwd=data,
+        )
+        assert result.returncode == 0, result.stderr
+        assert "predictions of 200 rows written to" in result.stdout
+        table = pd.read_csv(data / f"pred_{name}.csv")
+        assert list(table.columns) == ["prediction"]
+        predictions[name] = table["prediction"].to_numpy()
+        np.testing.assert_allclose(predictions[name], expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        predictions["price.onnx"], predictions["price.skops"], rtol=1e-5, atol=1e-5
+    )
+
+
+def test_predict_missing_column_is_one_line_exit_2(data, saved):
+    pd.read_csv(data / "reg.csv").drop(columns=["b"]).to_csv(data / "no_b.csv", index=False)
+    result = run_cli("predict", "--model", "saved/price.onnx", "--data", "no_b.csv", cwd=data)
+    assert result.returncode == 2
+    line = _one_error_line(result.stderr)
+    assert "feature column 'b' is missing from no_b.csv" in line
+    assert "'a', 'b', 'c', 'd'" in line
+    assert result.stdout == ""
+
+
+def test_fine_tune_saved_estimator_with_init(data, saved):
+    folder, _ = saved
+    result = run_cli(
+        "fit",
+        "--data",
+        "reg.csv",
+        "--target",
+        "price",
+        "--init",
+        "saved/price.skops",
+        "--learning-rate",
+        "1e-7",
+        "--epochs",
+        "1",
+        "--test-size",
+        "0",
+        "--out",
+        "tuned/price.onnx",
+        "--quiet",
+        cwd=data,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "fine-tuned from saved/price.skops" in out
+    assert "target: the --init model's scaling" in out
+    X = pd.read_csv(data / "reg.csv")[FEATURES]
+    (before,) = _onnx_predict(folder / "price.onnx", X)
+    (after,) = _onnx_predict(data / "tuned" / "price.onnx", X)
+    # one epoch at a tiny rate starts from the saved weights and scaling: nearly the same
+    assert 0 < np.max(np.abs(after - before)) < 1e-3
+    tuned = _load_skops(data / "tuned" / "price.skops")
+    np.testing.assert_allclose(tuned.predict(X), after.ravel(), rtol=1e-5, atol=1e-5)
+
+
+def test_quantile_flag_moves_the_share_below(data):
+    # a noisy target, so that its quantiles are far apart
+    rng = np.random.RandomState(1)
+    X = rng.randn(400, 2)
+    frame = pd.DataFrame(X, columns=["a", "b"]).assign(y=X @ [1.0, -0.5] + rng.randn(400))
+    frame.to_csv(data / "noisy.csv", index=False)
+    shares = {}
+    for q in (0.1, 0.9):
+        result = run_cli(
+            "fit",
+            "--data",
+            "noisy.csv",
+            "--target",
+            "y",
+            "--model",
+            "linear",
+            "--quantile",
+            q,
+            "--learning-rate",
+            "0.01",
+            "--batch-size",
+            "32",
+            "--epochs",
+            "30",
+            "--test-size",
+            "0",
+            "--random-state",
+            "0",
+            "--out",
+            f"q{q}.onnx",
+            "--quiet",
+            cwd=data,
+        )
+        assert result.returncode == 0, result.stderr
+        assert f"loss quantile (quantile={q})" in result.stdout
+        (pred,) = _onnx_predict(data / f"q{q}.onnx", X)
+        shares[q] = np.mean(frame["y"].to_numpy() < pred.ravel())
+    assert shares[0.1] == pytest.approx(0.1, abs=0.04), shares
+    assert shares[0.9] == pytest.approx(0.9, abs=0.04), shares
 
 
 # in-process: the same main() without the start-up cost -----------------------
@@ -306,7 +500,7 @@ def test_skops_untrusted_types_are_refused(data, tmp_path, capsys):
     sio.dump(mlp, path)
     untrusted = sio.get_untrusted_types(file=path)
     assert untrusted  # the MLP's optimizer state is not trusted by default
-    argv = ["fit", "--data", data / "reg.csv", "--target", "price", "--model", path]
+    argv = ["fit", "--data", data / "reg.csv", "--target", "price", "--init", path]
     argv += ["--epochs", "2", "--quiet", "--out", tmp_path / "m.onnx"]
     code, out, err = run_main(capsys, *argv)
     assert code == 2
@@ -352,6 +546,100 @@ def test_demo_skips_png_without_matplotlib(tmp_path, capsys, monkeypatch):
     assert "loss-curve PNG skipped: matplotlib is not installed" in out
     assert (tmp_path / "diabetes_mlp.onnx").exists()
     assert not (tmp_path / "diabetes_mlp.png").exists()
+
+
+def test_predict_help_documents_every_flag(capsys):
+    code, out, err = run_main(capsys, "predict", "--help")
+    assert code == 0
+    for flag in ("--model", "--data", "--out", "--trust"):
+        assert flag in out, flag
+    assert "by name" in out and "proba_CLASS" in " ".join(out.split())
+
+
+def test_classifier_predict_from_onnx_and_skops(data, tmp_path, capsys):
+    pytest.importorskip("skops")
+    argv = ["fit", "--data", data / "cls.csv", "--target", "kind", "--model", "linear"]
+    argv += ["--learning-rate", "0.05", "--epochs", "5", "--random-state", "0", "--quiet"]
+    code, out, err = run_main(capsys, *argv, "--out", tmp_path / "kind.onnx")
+    assert code == 0, err
+    assert "target:" not in out  # labels are never scaled
+    tables = {}
+    for name in ("kind.onnx", "kind.skops"):
+        path = tmp_path / f"pred_{name}.csv"
+        code, out, err = run_main(
+            capsys, "predict", "--model", tmp_path / name, "--data", data / "cls.csv", "--out", path
+        )
+        assert code == 0, err
+        tables[name] = pd.read_csv(path)
+    onnx_table, skops_table = tables["kind.onnx"], tables["kind.skops"]
+    assert list(onnx_table.columns) == ["prediction", "proba_cat", "proba_dog", "proba_fish"]
+    assert list(skops_table.columns) == list(onnx_table.columns)
+    assert (onnx_table["prediction"] == skops_table["prediction"]).all()
+    proba = onnx_table.iloc[:, 1:].to_numpy()
+    np.testing.assert_allclose(proba, skops_table.iloc[:, 1:].to_numpy(), atol=1e-5)
+    np.testing.assert_allclose(proba.sum(axis=1), 1, atol=1e-5)
+    # without --out the CSV goes to the standard output
+    code, out, err = run_main(
+        capsys, "predict", "--model", tmp_path / "kind.onnx", "--data", data / "cls.csv"
+    )
+    assert code == 0, err
+    assert out.splitlines()[0] == "prediction,proba_cat,proba_dog,proba_fish"
+    assert len(out.splitlines()) == 201
+
+
+def test_no_scale_target(data, tmp_path, capsys):
+    import onnx
+
+    argv = ["fit", "--data", data / "reg.csv", "--target", "price", "--model", "linear"]
+    argv += ["--epochs", "3", "--quiet", "--no-scale-target", "--out", tmp_path / "raw.onnx"]
+    code, out, err = run_main(capsys, *argv)
+    assert code == 0, err
+    assert "target: raw (--no-scale-target)" in out
+    model = onnx.load(tmp_path / "raw.onnx")
+    meta = {p.key: p.value for p in model.metadata_props}
+    assert "target_scaling" not in meta and meta["feature_names"] == "a,b,c,d"
+    assert not any(node.op_type == "Add" and "target" in node.name for node in model.graph.node)
+
+
+def test_deprecated_model_path_is_read_as_init(data, tmp_path, capsys):
+    from sklearn.linear_model import LinearRegression
+
+    frame = pd.read_csv(data / "reg.csv")
+    with open(tmp_path / "lin.pkl", "wb") as f:
+        pickle.dump(LinearRegression().fit(frame[FEATURES].to_numpy(), frame["price"]), f)
+    argv = ["fit", "--data", data / "reg.csv", "--target", "price", "--model", tmp_path / "lin.pkl"]
+    code, out, err = run_main(
+        capsys, *argv, "--epochs", "1", "--quiet", "--out", tmp_path / "l.onnx"
+    )
+    assert code == 0, err
+    assert f"--model PATH is deprecated, use --init {tmp_path / 'lin.pkl'}" in err
+    assert "fine-tuned from" in out
+    assert "target: raw (the fitted --init model predicts raw targets)" in out
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--model", "forest"], "--model takes mlp or linear, got 'forest'"),
+        (["--model", "mlp", "--init", "x.skops"], "give one of them"),
+        (["--loss", "huber", "--quantile", "0.3"], "--quantile applies to --loss quantile only"),
+        (["--loss", "quantile", "--epsilon", "0.3"], "--epsilon applies to --loss huber only"),
+        (["--quantile", "0.3", "--epsilon", "0.3"], "set different losses"),
+    ],
+)
+def test_bad_flag_combinations(data, capsys, flags, message):
+    code, out, err = run_main(
+        capsys, "fit", "--data", data / "reg.csv", "--target", "price", *flags
+    )
+    assert code == 2
+    assert message in _one_error_line(err)
+
+
+def test_quantile_out_of_range_is_refused(data, capsys):
+    argv = ["fit", "--data", data / "reg.csv", "--target", "price", "--quantile", "1.5"]
+    code, out, err = run_main(capsys, *argv)
+    assert code == 2
+    assert "expected a number in (0, 1), got '1.5'" in _one_error_line(err)
 
 
 @pytest.mark.parametrize(
