@@ -1,38 +1,61 @@
 #!/usr/bin/env bash
 # Set up a virtual environment and run the demo or the tests.
 #   ./dev.sh demo    install (with matplotlib), then train an MLP on the diabetes data
-#   ./dev.sh test    install with the test extras, then lint and run the tests
+#   ./dev.sh test    install with the test extras, lint and run the tests on PYTHON (.venv,
+#                    both backends), then the standard-backend suite on Python 3.13 with
+#                    plain onnxruntime (.venv313; SKIP313=1 skips it)
 #   ./dev.sh docs    install with the test extras, then build docs/_build/html (warnings fail)
-# PYTHON selects the interpreter (3.10 to 3.12), VENV the environment folder.
+# PYTHON selects the interpreter (3.10 to 3.12 for the training build), VENV the folder;
+# PYTHON313 the second interpreter (default: pyenv's 3.13.0), VENV313 its folder.
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON="${PYTHON:-python3}"
 VENV="${VENV:-.venv}"
+VENV313="${VENV313:-.venv313}"
+# Tests run again on 3.13: the ones that train (heavy ones - docs, notebooks, benchmark,
+# CLI - run once, on PYTHON).
+TESTS313="tests/test_backends.py tests/test_golden_gradients.py tests/test_gradients.py
+ tests/test_trajectory.py tests/test_engine.py tests/test_ortgrad.py tests/test_training_graph.py
+ tests/test_regressor.py tests/test_classifier.py tests/test_reliability.py"
 
 setup() {
-    local extras="$1"
-    if [ ! -x "$VENV/bin/python" ]; then
-        "$PYTHON" -m venv "$VENV"
+    local venv="$1" python="$2" extras="$3"
+    if [ ! -x "$venv/bin/python" ]; then
+        $python -m venv "$venv"
     fi
-    "$VENV/bin/python" -m pip install --quiet --upgrade pip
-    "$VENV/bin/python" -m pip install --quiet -e ".${extras}"
+    "$venv/bin/python" -m pip install --quiet --upgrade pip
+    "$venv/bin/python" -m pip install --quiet -e ".${extras}"
+}
+
+python313() {
+    if [ -n "${PYTHON313:-}" ]; then
+        echo "$PYTHON313"
+    else
+        echo "env PYENV_VERSION=3.13.0 python3.13"
+    fi
 }
 
 case "${1:-}" in
     demo)
-        setup "[plot]"
+        setup "$VENV" "$PYTHON" "[plot]"
         shift
         exec "$VENV/bin/python" -m onnxgrad_sklearn.demo "$@"
         ;;
     test)
-        setup "[test]"
+        setup "$VENV" "$PYTHON" "[test]"
         shift
         "$VENV/bin/python" -m ruff check onnxgrad_sklearn tests benchmarks
         "$VENV/bin/python" -m ruff format --check onnxgrad_sklearn tests benchmarks
-        exec "$VENV/bin/python" -m pytest "$@"
+        "$VENV/bin/python" -m pytest "$@"
+        if [ "${SKIP313:-0}" != "1" ]; then
+            echo "== Python 3.13, plain onnxruntime (standard backend) =="
+            setup "$VENV313" "$(python313)" "[test313]"
+            # shellcheck disable=SC2086
+            "$VENV313/bin/python" -m pytest $TESTS313 "$@"
+        fi
         ;;
     docs)
-        setup "[test]"
+        setup "$VENV" "$PYTHON" "[test]"
         exec "$VENV/bin/python" -m sphinx -W --keep-going -b html docs docs/_build/html
         ;;
     *)

@@ -1,14 +1,16 @@
-"""Train scikit-learn models on onnxruntime-training.
+"""Train scikit-learn models on onnxruntime.
 
 The estimators :class:`OrtGradientRegressor` and :class:`OrtGradientClassifier`
 take a scikit-learn model (or a Pipeline ending in one), convert it to ONNX with
-skl2onnx, and train its weights with onnxruntime-training's forward/backward
-``TrainingAgent`` and optimizers written as ONNX graphs.
+skl2onnx, and train its weights with optimizers written as ONNX graphs, on one of
+two backends: onnxruntime-training's forward/backward ``TrainingAgent``, or
+gradient graphs in standard ONNX operators (onnx-ad) on any onnxruntime.
 """
 
 import logging
 
-from .ortgrad import OrtGradientForwardBackward, TrainingAgent  # checks the runtime first
+from . import runtime  # noqa: F401 - checks first that one onnxruntime distribution is installed
+from . import families, templates
 from ._graph import GraphBuilder
 from .classifier import OrtGradientClassifier
 from .exceptions import ConvergenceError
@@ -19,31 +21,46 @@ __all__ = [
     "SKOPS_TRUSTED_TYPES",
     "GraphBuilder",
     "OrtGradientClassifier",
-    "OrtGradientForwardBackward",
     "OrtGradientRegressor",
-    "TrainingAgent",
 ]
 
 __version__ = "0.1.0"
 
+
 #: Types to pass as ``trusted`` to ``skops.io.load`` for a fitted estimator of
 #: this package (besides scikit-learn's own, which skops trusts by default).
-SKOPS_TRUSTED_TYPES = [
-    "onnxgrad_sklearn.classifier.OrtGradientClassifier",
-    "onnxgrad_sklearn.regressor.OrtGradientRegressor",
-    "onnxgrad_sklearn.templates.ConvertedTemplate",
-    "onnxgrad_sklearn.templates.ParamRef",
-    "onnxgrad_sklearn.optim.LearningRateSchedule",
-    "onnxgrad_sklearn.optim.SGD",
-    "onnxgrad_sklearn.optim.Momentum",
-    "onnxgrad_sklearn.optim.Nesterov",
-    "onnxgrad_sklearn.optim.Adam",
-    "onnxgrad_sklearn.losses.SquaredError",
-    "onnxgrad_sklearn.losses.AbsoluteError",
-    "onnxgrad_sklearn.losses.Huber",
-    "onnxgrad_sklearn.losses.Quantile",
-    "onnxgrad_sklearn.losses.LogLoss",
-    "onnxgrad_sklearn.losses.OneVsRestLogLoss",
-]
+def _trusted_types():
+    from . import losses, optim
+
+    def name(cls):
+        return f"{cls.__module__}.{cls.__qualname__}"
+
+    fixed = [
+        OrtGradientClassifier,
+        OrtGradientRegressor,
+        templates.ConvertedTemplate,
+        families.ParamRef,
+        optim.LearningRateSchedule,
+        losses.OneVsRestLogLoss,
+    ]
+    registered = [*optim._OPTIMIZERS.values(), *losses._LOSSES.values()]
+    names = [name(cls) for cls in fixed + registered]
+    # fitted before the model families had their own module
+    names.append("onnxgrad_sklearn.templates.ParamRef")
+    return sorted(set(names))
+
+
+SKOPS_TRUSTED_TYPES = _trusted_types()
 
 logging.getLogger("onnxgrad_sklearn").addHandler(logging.NullHandler())
+
+_AGENT_NAMES = ("OrtGradientForwardBackward", "TrainingAgent")
+
+
+def __getattr__(name):
+    # The TrainingAgent classes need onnxruntime-training: imported on first use.
+    if name in _AGENT_NAMES:
+        from .backends import agent
+
+        return getattr(agent, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,17 +16,21 @@ from sklearn.utils import check_random_state, gen_batches, get_tags, shuffle
 from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
 from sklearn.utils.validation import _check_sample_weight, check_is_fitted, validate_data
 
+from .backends import check_backend
 from .engine import TrainingEngine, session_options
 from .exceptions import ConvergenceError
+from .families import dropped_settings, family_of
 from .losses import BaseLoss, get_loss
-from .optim import BaseOptimizer, LearningRateSchedule, get_optimizer
+from .optim import OPTIMIZER_NAMES, SGD, BaseOptimizer, LearningRateSchedule, get_optimizer
 from .ortgrad import device_to_providers
 from .templates import (
     ConvertedTemplate,
-    check_trainable,
+    check_template,
     convert_template,
+    export_model,
     final_estimator,
     prepare_template,
+    trained_view,
 )
 
 logger = logging.getLogger("onnxgrad_sklearn")
@@ -38,7 +42,7 @@ class BaseOrtGradient(BaseEstimator):
     _parameter_constraints: dict = {
         "estimator": [HasMethods(["fit", "predict"]), None],
         "loss": [StrOptions(set()), BaseLoss],
-        "optimizer": [StrOptions({"sgd", "momentum", "nesterov", "adam"}), BaseOptimizer],
+        "optimizer": [StrOptions({"auto", *OPTIMIZER_NAMES}), BaseOptimizer],
         "learning_rate": [StrOptions({"constant", "invscaling", "adaptive"})],
         "learning_rate_init": [Interval(numbers.Real, 0, None, closed="neither")],
         "power_t": [Interval(numbers.Real, 0, None, closed="left")],
@@ -56,14 +60,15 @@ class BaseOrtGradient(BaseEstimator):
         "verbose": ["verbose"],
         "device": [str],
         "on_divergence": [StrOptions({"raise", "warn"})],
+        "backend": [StrOptions({"auto", "agent", "standard"})],
     }
 
     def __init__(
         self,
         estimator=None,
         *,
-        loss="squared_error",
-        optimizer="sgd",
+        loss="auto",
+        optimizer="auto",
         learning_rate="constant",
         learning_rate_init=0.001,
         power_t=0.5,
@@ -81,6 +86,7 @@ class BaseOrtGradient(BaseEstimator):
         verbose=0,
         device="cpu",
         on_divergence="raise",
+        backend="auto",
     ):
         self.estimator = estimator
         self.loss = loss
@@ -102,6 +108,15 @@ class BaseOrtGradient(BaseEstimator):
         self.verbose = verbose
         self.device = device
         self.on_divergence = on_divergence
+        self.backend = backend
+
+    def _stochastic(self):
+        """Whether ``partial_fit`` is available: not with a full-batch optimizer."""
+        try:
+            optimizer = get_optimizer("adam" if self.optimizer == "auto" else self.optimizer)
+        except ValueError:  # an invalid optimizer: fit will say why
+            return True
+        return not optimizer.full_batch
 
     # hooks for subclasses ------------------------------------------------
     def _default_estimator(self):
@@ -127,8 +142,8 @@ class BaseOrtGradient(BaseEstimator):
         """Complete a prepared template (the classifier sets its classes here)."""
 
     def _trained_view(self, est):
-        """The model whose graph is trained (the classifier trains its logits)."""
-        return est
+        """The model whose graph is trained (a classifier's logits, a GLM's linear predictor)."""
+        return trained_view(est)
 
     def _loss_input(self, g, prediction):
         """Turn the trained graph's prediction into the loss's first input."""
@@ -145,8 +160,24 @@ class BaseOrtGradient(BaseEstimator):
         raise NotImplementedError
 
     def _export(self):
-        """The ONNX model ``to_onnx`` returns, made after each fit."""
-        return self._converted.model
+        """The ONNX model ``to_onnx`` returns, made after each fit.
+
+        The trained graph itself, or for a template trained through another view
+        (a classifier, a GLM) the template's own graph: converted once per
+        template, then given the trained weights; a graph whose weights cannot be
+        located (binary LogisticRegression stores [-w, w], LinearSVC keeps them
+        in node attributes) is converted at each export.
+        """
+        if trained_view(self.estimator_) is self.estimator_:
+            return self._converted.model
+        located = self.__dict__.get("_export_converted")
+        if located is None:
+            try:
+                located = convert_template(self.estimator_, self.n_features_in_)
+            except ValueError:
+                return export_model(self.estimator_, self.n_features_in_)
+            self._export_converted = located
+        return located.with_values(located.values_from(final_estimator(self.estimator_)))
 
     # pickling ------------------------------------------------------------
     def __getstate__(self):
@@ -231,16 +262,26 @@ class BaseOrtGradient(BaseEstimator):
                 self.__dict__.pop(k, None)
             self.__dict__.update(before)
             raise
+        self._loss_ = loss
         loss = self._resolve_loss(loss)
-        engine = self._get_engine(loss, optimizer, reset=not incremental)
+        full_batch = optimizer.full_batch  # the engine then only gives loss and gradients
+        engine = self._get_engine(loss, SGD() if full_batch else optimizer, reset=not incremental)
         try:
-            self._run_epochs(engine, X, y2d, sample_weight, incremental)
+            if full_batch:
+                self._run_lbfgs(engine, X, y2d, sample_weight, optimizer)
+            else:
+                self._run_epochs(engine, X, y2d, sample_weight, incremental)
         finally:
             self._store_weights(engine.get_weights())
         return self
 
     def _validate_fit_input(self, X, y, sample_weight, first_call, incremental, classes):
         """Check everything a fit receives, before anything reaches the runtime."""
+        template = self._template()
+        check_template(template, self._task, type(self).__name__)
+        final = final_estimator(template)
+        loss = self._objective(final)
+        optimizer = self._solver(final, incremental)
         X, y = validate_data(
             self,
             X,
@@ -263,8 +304,7 @@ class BaseOrtGradient(BaseEstimator):
         sample_weight = _check_sample_weight(sample_weight, X, dtype=np.float32)
         sample_weight = self._adjust_sample_weight(y2d, sample_weight, fitted)
         device_to_providers(self.device)  # refuses a bad device before any work
-        optimizer = get_optimizer(self.optimizer)
-        loss = get_loss(self.loss)
+        check_backend(self.backend, self.device)  # and a backend that cannot run here
         if not first_call and self._n_model_outputs(y2d) != self.n_outputs_:
             raise ValueError(
                 f"y has {self._n_model_outputs(y2d)} outputs, the estimator was fitted "
@@ -272,9 +312,59 @@ class BaseOrtGradient(BaseEstimator):
             )
         return X, y2d, sample_weight, fitted, loss, optimizer
 
+    def _objective(self, final):
+        """The loss: the estimator's ``loss``, or with ``"auto"`` the template's own."""
+        family = family_of(final)
+        loss = get_loss(family.loss(final) if self.loss == "auto" else self.loss)
+        # None: a custom loss, for any task; the template's own loss fits it by definition
+        task = getattr(loss, "task", None)
+        if self.loss != "auto" and task is not None and task != family.task:
+            raise ValueError(
+                f"loss={self.loss!r} is a {task} loss and {type(final).__name__} a "
+                f"{family.task} model: use loss='auto' (the template's own loss) or a "
+                f"{family.task} loss."
+            )
+        if (
+            task == "classification"
+            and loss.gives_proba
+            and not family.gives_proba(final)
+            and self.loss != "auto"
+        ):
+            raise ValueError(
+                f"loss={self.loss!r} trains probabilities, and {type(final).__name__} as "
+                "configured has no predict_proba to export them: use loss='auto' (the "
+                "template's own loss) or a template with probabilities (LogisticRegression, "
+                "SGDClassifier(loss='log_loss'), MLPClassifier)."
+            )
+        return loss
+
+    def _solver(self, final, incremental):
+        """The optimizer: the estimator's, or with ``"auto"`` the template family's solver."""
+        if self.optimizer == "auto":
+            # partial_fit always trains stochastically
+            return get_optimizer("adam" if incremental else family_of(final).solver)
+        optimizer = get_optimizer(self.optimizer)
+        if incremental and optimizer.full_batch:
+            raise AttributeError(
+                f"partial_fit is not available with optimizer={self.optimizer!r}, a "
+                "full-batch solver: use fit, or a stochastic optimizer such as 'adam'."
+            )
+        return optimizer
+
+    def _warn_dropped_settings(self, final, n_samples):
+        lines = dropped_settings(final, n_samples)
+        if lines:
+            warnings.warn(
+                f"These settings of the template {type(final).__name__} do not carry over "
+                "(its structure, weights, loss and class weights do; the estimator's own "
+                "training parameters apply): " + "; ".join(lines) + ".",
+                UserWarning,
+                stacklevel=5,
+            )
+
     def _initialize(self, X, y2d, fitted):
         template = self._template()
-        check_trainable(template)
+        self._warn_dropped_settings(final_estimator(template), X.shape[0])
         random_state = check_random_state(self.random_state)
         n_outputs = self._n_model_outputs(y2d)
         est, fine_tuned = prepare_template(template, X, n_outputs, random_state)
@@ -318,7 +408,7 @@ class BaseOrtGradient(BaseEstimator):
         return [k for k, p in enumerate(self._converted.params) if p.trainable]
 
     def _get_engine(self, loss, optimizer, reset):
-        key = (repr(loss), repr(optimizer), self.alpha, self.l1_ratio, self.device)
+        key = (repr(loss), repr(optimizer), self.alpha, self.l1_ratio, self.device, self.backend)
         engine = self.__dict__.get("_engine")
         conv = self._converted
         idx = self._trained_indices()
@@ -337,7 +427,9 @@ class BaseOrtGradient(BaseEstimator):
                 l1_ratio=self.l1_ratio,
                 device=self.device,
                 loss_input=self._loss_input,
+                backend=self.backend,
             )
+            self.backend_ = engine.backend
             previous = self.__dict__.get("_engine")
             saved = self.__dict__.pop("_optimizer_state", None)
             if previous is not None and repr(previous.optimizer) == repr(optimizer):
@@ -462,6 +554,74 @@ class BaseOrtGradient(BaseEstimator):
                 bar.close()
         if early_stopping:
             engine.set_weights(best_weights)
+
+    def _run_lbfgs(self, engine, X, y2d, sample_weight, optimizer):
+        """Minimise the loss of the whole training set with scipy's L-BFGS-B.
+
+        As MLPRegressor(solver="lbfgs"): ``max_iter`` iterations at most,
+        ``optimizer.max_fun`` loss evaluations, ``tol`` as ``gtol``. The loss
+        and its gradient come from the runtime, over chunks of rows when the
+        data is large.
+        """
+        import scipy.optimize
+        from sklearn.utils.optimize import _check_optimize_result
+
+        objective = _FullBatchObjective(
+            engine, X, y2d, sample_weight, self._penalized_mask(), self.alpha, self.l1_ratio
+        )
+        x0 = objective.pack(engine.get_weights())
+        best = {"x": x0}
+
+        bar = _progress(self.verbose >= 1, self.max_iter, type(self).__name__, "iter")
+
+        def record(intermediate_result):
+            best["x"] = np.array(intermediate_result.x)
+            self.loss_curve_.append(float(intermediate_result.fun))
+            logger.info("Iteration %d, loss = %.8f", len(self.loss_curve_), self.loss_curve_[-1])
+            if bar is not None:
+                bar.set_postfix(loss=f"{self.loss_curve_[-1]:.6g}")
+                bar.update(1)
+
+        try:
+            with warnings.catch_warnings():
+                # scipy warns about a float32 gradient's rounding in the line search
+                warnings.simplefilter("ignore", RuntimeWarning)
+                result = scipy.optimize.minimize(
+                    objective,
+                    x0,
+                    method="L-BFGS-B",
+                    jac=True,
+                    callback=record,
+                    options={
+                        "maxfun": optimizer.max_fun,
+                        "maxiter": self.max_iter,
+                        "gtol": self.tol,
+                    },
+                )
+        except KeyboardInterrupt:
+            engine.set_weights(objective.unpack(best["x"]))
+            self.n_iter_ = len(self.loss_curve_)
+            warnings.warn(
+                f"Training interrupted by user during L-BFGS iteration {self.n_iter_ + 1}: the "
+                f"estimator keeps the weights of the last completed iteration.",
+                UserWarning,
+                stacklevel=4,
+            )
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        x = result.x if np.isfinite(result.fun) else best["x"]
+        engine.set_weights(objective.unpack(x))
+        self.n_iter_ = _check_optimize_result("lbfgs", result, self.max_iter)
+        self.loss_ = float(result.fun)
+        self.best_loss_ = min(self.loss_curve_, default=self.loss_)
+        if not np.isfinite(result.fun):
+            self._diverged(result.fun, self.n_iter_, None)
+
+    def _penalized_mask(self):
+        conv = self._converted
+        return [conv.params[k].penalized for k in self._trained_indices()]
 
     def _run_epoch(self, engine, arrays, order, batch_size):
         """Train one epoch; return its mean loss, or None after a divergence.
@@ -599,6 +759,74 @@ class BaseOrtGradient(BaseEstimator):
         session = self._logit_session if trained_graph else self._session
         names = [o.name for o in session.get_outputs()]
         return dict(zip(names, session.run(None, {session.get_inputs()[0].name: X})))
+
+
+class _FullBatchObjective:
+    """Loss and gradient of the whole training set, for scipy, from the engine.
+
+    The engine's loss on rows ``c`` is ``(sum_c w_i l_i + P) / sum_c w_i``, the
+    penalty ``P`` included once per call. Over several chunks the penalty is
+    taken out of all but one: the result is the loss of the whole set.
+    """
+
+    # Rows per call: about 4 million input values (16 MB of float32).
+    chunk_values = 1 << 22
+
+    def __init__(self, engine, X, y2d, sample_weight, penalized, alpha, l1_ratio):
+        self.engine, self.X, self.y, self.sw = engine, X, y2d, sample_weight
+        self.shapes = engine.shapes
+        self.sizes = [int(np.prod(s)) for s in self.shapes]
+        self.penalized, self.alpha, self.l1_ratio = penalized, alpha, l1_ratio
+        rows = max(1, self.chunk_values // max(X.shape[1], 1))
+        self.chunks = list(gen_batches(X.shape[0], rows))
+        self.total_weight = float(np.sum(sample_weight, dtype=np.float64))
+
+    def pack(self, arrays):
+        return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays])
+
+    def unpack(self, x):
+        parts = np.split(np.asarray(x, dtype=np.float32), np.cumsum(self.sizes)[:-1])
+        return [p.reshape(s) for p, s in zip(parts, self.shapes)]
+
+    def _penalty(self, weights):
+        value, grads = 0.0, []
+        for w, penalized in zip(weights, self.penalized):
+            w = w.astype(np.float64)
+            if not penalized or self.alpha == 0:
+                grads.append(np.zeros_like(w))
+                continue
+            r = self.l1_ratio
+            value += self.alpha * ((1 - r) / 2 * np.sum(w * w) + r * np.sum(np.abs(w)))
+            grads.append(self.alpha * ((1 - r) * w + r * np.sign(w)))
+        return value, grads
+
+    def __call__(self, x):
+        weights = self.unpack(x)
+        self.engine.set_weights(weights)
+        if len(self.chunks) == 1:
+            loss, grads = self.engine.loss_and_gradients(self.X, self.y, self.sw)
+            return self._result(loss, grads)
+        total, summed = 0.0, [np.zeros(s) for s in self.shapes]
+        for rows in self.chunks:
+            sw = self.sw[rows]
+            weight = float(np.sum(sw, dtype=np.float64))
+            if weight == 0:
+                continue
+            loss, grads = self.engine.loss_and_gradients(self.X[rows], self.y[rows], sw)
+            total += loss * weight
+            for acc, g in zip(summed, grads):
+                acc += g * weight
+        extra = sum(1 for rows in self.chunks if np.any(self.sw[rows])) - 1
+        penalty, penalty_grads = self._penalty(weights)
+        total -= extra * penalty
+        for acc, g in zip(summed, penalty_grads):
+            acc -= extra * g
+        return self._result(total / self.total_weight, [g / self.total_weight for g in summed])
+
+    def _result(self, loss, grads):
+        if not np.isfinite(loss):
+            return np.inf, np.zeros(sum(self.sizes))
+        return float(loss), self.pack(grads)
 
 
 def _progress(show, total, desc, unit, leave=True):

@@ -7,15 +7,46 @@ from sklearn.base import ClassifierMixin
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import accuracy_score
 from sklearn.preprocessing import LabelBinarizer
+from sklearn.utils._available_if import available_if
 from sklearn.utils._param_validation import StrOptions
 from sklearn.utils.class_weight import compute_sample_weight
 from sklearn.utils.multiclass import check_classification_targets, type_of_target
+from sklearn.utils.validation import check_is_fitted
 
+from . import losses as _losses
 from ._base import BaseOrtGradient
-from .losses import BaseLoss, LogLoss, OneVsRestLogLoss
-from .templates import convert_template, export_model, final_estimator, logit_model
+from ._graph import GraphBuilder
+from .families import family_of
+from .losses import CLASSIFICATION_LOSSES, BaseLoss, LogLoss, OneVsRestLogLoss
+from .templates import final_estimator
 
 __all__ = ["OrtGradientClassifier"]
+
+
+class _LogitLoss(BaseLoss):
+    """The classifier's loss on its logits: what the loss receives, and how.
+
+    The training graph gives the loss one logit per class, with a zero logit
+    for the first class of a binary problem (so that ``softmax([0, z])`` is
+    ``sigmoid(z)``), and one-hot targets of the same width. Margin losses
+    (hinge, ...) of a binary problem receive the second column of both, as
+    scikit-learn's binary linear models score one column. With ``signed``
+    (RidgeClassifier), the targets become -1/+1 for a squared error.
+    """
+
+    def __init__(self, loss=None, binary=False, signed=False):
+        self.loss = loss
+        self.binary = binary
+        self.signed = signed
+
+    def build(self, g: GraphBuilder, y_pred: str, y_true: str) -> str:
+        if self.binary and (self.signed or isinstance(self.loss, _losses._MarginLoss)):
+            second = [g.const([k], np.int64) for k in (1, 2, 1)]
+            y_pred = g.op("Slice", y_pred, *second)
+            y_true = g.op("Slice", y_true, *second)
+        if self.signed:
+            y_true = g.sub(g.mul(y_true, g.const(2.0)), g.const(1.0))
+        return self.loss.build(g, y_pred, y_true)
 
 
 class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
@@ -83,6 +114,16 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         weights go back to the last ones with a finite loss, then ``"raise"``
         raises :class:`~onnxgrad_sklearn.ConvergenceError`, ``"warn"`` gives a
         ``ConvergenceWarning`` and keeps the model usable.
+    backend : {"auto", "agent", "standard"}, default="auto"
+        What computes the gradients and runs the training step. ``"agent"``:
+        onnxruntime-training's TrainingAgent (needs ``onnxruntime-training-cpu``,
+        Python <= 3.12). ``"standard"``: gradient graphs in standard ONNX
+        operators (onnx-ad) with the update in the same graph, on any
+        onnxruntime >= 1.20 (CPU in this version). ``"auto"`` picks the agent
+        where it is installed and can differentiate every operator of the
+        training graph, the standard backend otherwise, and logs the choice at
+        INFO; ``backend_`` records what ran. See ``docs/how_it_works.md`` for
+        the operators each backend differentiates.
     class_weight : dict, "balanced" or None, default=None
         Weights of the classes in the loss, multiplied with ``sample_weight``
         as scikit-learn defines them.
@@ -97,6 +138,8 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         Mean training loss of each epoch, penalty included.
     n_iter_ : int
         Epochs run by the last ``fit``.
+    backend_ : {"agent", "standard"}
+        The backend that trained the model last (see ``backend``).
     t_ : int
         Training samples seen.
     n_outputs_ : int
@@ -111,7 +154,7 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
 
     _parameter_constraints: dict = {
         **BaseOrtGradient._parameter_constraints,
-        "loss": [StrOptions({"log_loss"}), BaseLoss],
+        "loss": [StrOptions({"auto", *CLASSIFICATION_LOSSES}), BaseLoss],
         "class_weight": [StrOptions({"balanced"}), dict, None],
     }
 
@@ -119,8 +162,8 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         self,
         estimator=None,
         *,
-        loss="log_loss",
-        optimizer="sgd",
+        loss="auto",
+        optimizer="auto",
         learning_rate="constant",
         learning_rate_init=0.001,
         power_t=0.5,
@@ -138,6 +181,7 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         verbose=0,
         device="cpu",
         on_divergence="raise",
+        backend="auto",
         class_weight=None,
     ):
         super().__init__(
@@ -161,8 +205,11 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
             verbose=verbose,
             device=device,
             on_divergence=on_divergence,
+            backend=backend,
         )
         self.class_weight = class_weight
+
+    _task = "classification"
 
     # hooks of the shared fit ----------------------------------------------
     def _default_estimator(self):
@@ -211,11 +258,20 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
     def _n_model_outputs(self, y2d):
         return 1 if y2d.shape[1] == 2 else y2d.shape[1]
 
+    def _class_weight(self):
+        """The estimator's ``class_weight``, or the template's when it is None."""
+        if self.class_weight is not None:
+            return self.class_weight
+        final = final_estimator(self._template())
+        family = family_of(final)
+        return None if family is None else family.class_weight(final)
+
     def _adjust_sample_weight(self, y2d, sample_weight, fitted):
-        if self.class_weight is None:
+        class_weight = self._class_weight()
+        if class_weight is None:
             return sample_weight
         labels = fitted["classes_"][y2d.argmax(axis=1)]
-        weights = compute_sample_weight(self.class_weight, labels)
+        weights = compute_sample_weight(class_weight, labels)
         return np.ascontiguousarray(sample_weight * weights, dtype=np.float32)
 
     def _setup_template(self, est, fine_tuned, fitted):
@@ -223,6 +279,8 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         if fine_tuned:
             return
         classes = fitted["classes_"]
+        if family_of(final).signed_targets(final):  # RidgeClassifier predicts through it
+            final._label_binarizer = LabelBinarizer(pos_label=1, neg_label=-1).fit(classes)
         final.classes_ = classes
         if hasattr(final, "coefs_"):  # MLPClassifier
             final._label_binarizer = LabelBinarizer().fit(classes)
@@ -237,18 +295,22 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
             return True
         return getattr(final, "multi_class", None) == "ovr" or final.solver == "liblinear"
 
-    def _resolve_loss(self, loss):
-        if isinstance(loss, LogLoss) and hasattr(self, "estimator_") and self._one_vs_rest():
-            return OneVsRestLogLoss()
-        return loss
-
-    def _trained_view(self, est):
-        return logit_model(est)
-
     def _loss_input(self, g, prediction):
         if len(self.classes_) != 2:
             return prediction
         return g.op("Concat", g.mul(prediction, g.const(0.0)), prediction, axis=1)
+
+    def _resolve_loss(self, loss):
+        if isinstance(loss, LogLoss) and hasattr(self, "estimator_") and self._one_vs_rest():
+            loss = OneVsRestLogLoss()
+        final = final_estimator(self.estimator_)
+        self._loss_ = loss  # the loss as trained, OvR included
+        self.gives_proba_ = bool(family_of(final).gives_proba(final) and loss.gives_proba)
+        return _LogitLoss(
+            loss=loss,
+            binary=len(self.classes_) == 2,
+            signed=family_of(final).signed_targets(final),
+        )
 
     def _stratify(self, y2d):
         # As MLPClassifier: a stratified split for one output unit (binary) only.
@@ -258,19 +320,6 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         return accuracy_score(
             y.argmax(axis=1), self._logits_to_index(prediction), sample_weight=sample_weight
         )
-
-    def _export(self):
-        # The exported classifier graph is converted once per template; later
-        # exports write the trained weights into it. A graph whose weights cannot
-        # be located (binary LogisticRegression stores [-w, w]) is converted each time.
-        located = self.__dict__.get("_export_converted")
-        if located is None:
-            try:
-                located = convert_template(self.estimator_, self.n_features_in_)
-            except ValueError:
-                return export_model(self.estimator_, self.n_features_in_)
-            self._export_converted = located
-        return located.with_values(located.values_from(final_estimator(self.estimator_)))
 
     @staticmethod
     def _logits_to_index(logits):
@@ -299,6 +348,7 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         self._validate_params()
         return self._fit(X, y, sample_weight)
 
+    @available_if(BaseOrtGradient._stochastic)
     def partial_fit(self, X, y, sample_weight=None, classes=None):
         """Run one epoch over ``X``, ``y``, continuing from the current weights.
 
@@ -344,8 +394,25 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         out = out.astype(np.float64).reshape(len(out), -1)
         return out.ravel() if out.shape[1] == 1 else out
 
+    def _gives_proba(self):
+        """Whether the template and the loss give probabilities (as scikit-learn would)."""
+        if hasattr(self, "estimator_"):
+            return self.gives_proba_
+        try:
+            final = final_estimator(self._template())
+            return family_of(final).gives_proba(final) and self._objective(final).gives_proba
+        except Exception:  # invalid parameters: fit will say why
+            return True
+
+    @available_if(_gives_proba)
     def predict_proba(self, X):
-        """Return class probabilities from onnxruntime on the exported model.
+        """Return class probabilities.
+
+        Computed in float64 from the logits onnxruntime gives (so that no
+        probability is rounded to 0 where ``predict_log_proba`` is finite); they
+        equal the probabilities output of :meth:`to_onnx` within float32
+        rounding. For the modified Huber loss, the exported model's (clipped)
+        probabilities, as SGDClassifier gives them.
 
         Parameters
         ----------
@@ -357,14 +424,20 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         ndarray of shape (n_samples, n_classes)
             Probabilities, columns in the order of ``classes_``.
         """
+        check_is_fitted(self)
+        if not isinstance(self._loss_, _losses.ModifiedHuber):
+            return np.exp(self.predict_log_proba(X))
         outputs = self._run_onnx(X)
         proba = outputs[self._export_model.graph.output[1].name]
         return proba.astype(np.float64).reshape(proba.shape[0], len(self.classes_))
 
+    @available_if(_gives_proba)
     def predict_log_proba(self, X):
         """Return the log of the class probabilities, computed from the logits.
 
-        Stays finite where ``predict_proba`` rounds a probability to 0.
+        Stays finite where ``predict_proba`` rounds a probability to 0 (the
+        modified Huber loss's probabilities, clipped, can be 0: their log is
+        then ``-inf``, as in scikit-learn).
 
         Parameters
         ----------
@@ -375,7 +448,11 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         -------
         ndarray of shape (n_samples, n_classes)
         """
+        check_is_fitted(self)
         z = self.decision_function(X)
+        if isinstance(self._loss_, _losses.ModifiedHuber):
+            with np.errstate(divide="ignore"):
+                return np.log(self.predict_proba(X))
         if z.ndim == 1:
             z = np.c_[np.zeros_like(z), z]
         elif self._one_vs_rest():
@@ -396,5 +473,7 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         ndarray of shape (n_samples,)
             Labels, of the type of ``classes_``.
         """
-        proba = self.predict_proba(X)
-        return self.classes_[proba.argmax(axis=1)]
+        # From the decision function, as scikit-learn's linear models and MLPs:
+        # normalised clipped scores (modified Huber) can tie where the logits do not.
+        index = self._logits_to_index(self.decision_function(X))
+        return self.classes_[index]

@@ -5,35 +5,29 @@ and the elastic-net penalty to the converted model, so the gradient graph
 returns the gradient of the very number reported as the loss, and the backward
 pass is fed a constant 1.
 
-:class:`TrainingEngine` owns everything that lives in the runtime during a fit:
-the forward/backward object, the optimizer's update session, the weights and
-the optimizer state as ``OrtValue`` objects. One call of
-:meth:`TrainingEngine.train_batch` runs forward, backward and the update.
+:class:`TrainingEngine` is what the fit loop talks to: it builds the training
+graph, picks a backend (:mod:`onnxgrad_sklearn.backends`: the TrainingAgent or
+the standard-ONNX one) and hands every call to it. The backend owns everything
+that lives in the runtime during a fit: sessions, the weights and the optimizer
+state as ``OrtValue`` objects. One call of :meth:`TrainingEngine.train_batch`
+runs forward, backward and the update.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
 
 import numpy as np
 import onnx
 import onnxruntime
 
+from . import runtime
 from ._graph import GraphBuilder, tensor_info
+from ._passes import static_shapes
+from .backends import Backend, choose_backend, make_backend
 from .losses import BaseLoss
 from .optim import BaseOptimizer
-from .ortgrad import (
-    BoundRun,
-    OrtGradientForwardBackward,
-    OrtValue,
-    device_to_providers,
-    ortvalue_view,
-    run_with_ortvalues,
-    static_shapes,
-    to_ortvalue,
-)
 
 __all__ = ["TrainingEngine", "build_training_graph", "weights_as_inputs"]
 
@@ -216,62 +210,7 @@ def weights_as_inputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.Mode
 
 def session_options(threads: int = 0) -> onnxruntime.SessionOptions:
     """Session options of the package's sessions (``threads=0``: the runtime's default)."""
-    so = onnxruntime.SessionOptions()
-    so.log_severity_level = 3
-    if threads:
-        so.intra_op_num_threads = threads
-    return so
-
-
-class _FlatBuffers:
-    """Weights and optimizer state as two sets of vectors the update alternates between.
-
-    Each set holds the weights end to end in one float32 vector, and each state
-    (velocity, moments) in another. The update graph reads the current set and
-    writes the other through IO binding: nothing is allocated per batch, and
-    the values before the last update stay intact until the next one. Forward,
-    backward and predict read the weights through zero-copy per-tensor views.
-    """
-
-    def __init__(self, shapes, state_names, session, learning_rate):
-        sizes = [math.prod(shape) for shape in shapes]
-        offsets = np.cumsum([0, *sizes])
-        n_state = len(state_names)
-        # arrays[parity][k]: vector k (0 the weights, 1.. the states) of one set
-        self.arrays = [
-            [np.zeros(int(offsets[-1]), dtype=np.float32) for _ in range(1 + n_state)]
-            for _ in range(2)
-        ]
-        self.views = [
-            [
-                [v[o : o + n].reshape(shape) for o, n, shape in zip(offsets, sizes, shapes)]
-                for v in vectors
-            ]
-            for vectors in self.arrays
-        ]
-        tensors = [[[ortvalue_view(a) for a in views] for views in p] for p in self.views]
-        self.weights = [p[0] for p in tensors]
-        self.state = [
-            [[p[1 + k][i] for k in range(n_state)] for i in range(len(shapes))] for p in tensors
-        ]
-        names = ["param", *state_names]
-        vectors = [[ortvalue_view(v) for v in p] for p in self.arrays]
-        self.runs = [
-            BoundRun(
-                session,
-                {"learning_rate": learning_rate, **dict(zip(names, vectors[p]))},
-                {f"new_{n}": v for n, v in zip(names, vectors[1 - p])},
-            )
-            for p in (0, 1)
-        ]
-        self._vectors = vectors  # the runs read them
-        self.grad_names = [f"grad_{i}" for i in range(len(shapes))]
-        self.current = 0
-
-    def write(self, k: int, arrays, start: int = 0) -> None:
-        """Copy ``arrays`` (weights ``start``, ``start + 1``...) into vector ``k`` of this set."""
-        for view, array in zip(self.views[self.current][k][start:], arrays):
-            np.copyto(view, np.asarray(array, dtype=np.float32).reshape(view.shape))
+    return runtime.session_options(threads)
 
 
 class TrainingEngine:
@@ -299,6 +238,24 @@ class TrainingEngine:
         ``"cpu"`` or ``"cuda[:N]"``.
     loss_input : callable, optional
         See :func:`build_training_graph`.
+    backend : {"auto", "agent", "standard"}, default="auto"
+        Which backend trains (:func:`onnxgrad_sklearn.backends.choose_backend`):
+        ``"agent"`` onnxruntime-training's TrainingAgent, ``"standard"`` onnx-ad
+        gradients on any onnxruntime, ``"auto"`` the agent where it is installed
+        and can differentiate the graph.
+
+    Attributes
+    ----------
+    backend : str
+        The backend that runs, ``"agent"`` or ``"standard"``.
+    training : onnx.ModelProto
+        The training graph (:func:`build_training_graph`) with the starting weights.
+    optimizer : BaseOptimizer
+        The update rule.
+    weight_names : list of str
+        The trained initializers.
+    shapes : list of tuple of int
+        Their shapes.
     """
 
     def __init__(
@@ -314,149 +271,43 @@ class TrainingEngine:
         l1_ratio: float = 0.0,
         device: str = "cpu",
         loss_input=None,
+        backend: str = "auto",
     ):
         self.device = device
-        self.providers, self.device_index = device_to_providers(device)
         self.weight_names = list(weight_names)
         self.output_name = output_name
         self.optimizer = optimizer
-        so = session_options()
         training = build_training_graph(
             model, output_name, n_outputs, loss, alpha, l1_ratio, penalized, loss_input
         )
-        self.forward_backward = OrtGradientForwardBackward(
-            training, self.weight_names, device=device, session_options=so
-        )
+        self.training = training
+        self.backend = choose_backend(backend, training, self.weight_names, device)
         inits = {i.name: i for i in model.graph.initializer}
         start = [onnx.numpy_helper.to_array(inits[n]) for n in self.weight_names]
         self.shapes = [w.shape for w in start]
-        # On CPU an element-wise rule updates one flat vector per set (see
-        # _FlatBuffers); otherwise each weight has its own outputs.
-        flat = device == "cpu" and optimizer.elementwise
-        update_model = optimizer.build_update_model(self.shapes, flat=flat)
-        # The update session runs on one thread. A second pool of threads competes
-        # with the training session's: measured in separate processes, 20,000 rows,
-        # batch 256, the flat update on the default pool takes an epoch of the
-        # 100-256-256-1 MLP from 0.105 s to 0.14-0.17 s.
-        self._update = onnxruntime.InferenceSession(
-            update_model.SerializeToString(),
-            sess_options=session_options(threads=1),
-            providers=self.providers,
+        self._backend: Backend = make_backend(
+            self.backend,
+            training=training,
+            model=model,
+            output_name=output_name,
+            weight_names=self.weight_names,
+            start=start,
+            optimizer=optimizer,
+            device=device,
+            options=session_options(),
+            update_options=session_options(threads=1),
         )
-        self._update_inputs = [i.name for i in self._update.get_inputs()]
-        self._model = model  # its predict session is made on first use
-        self._predict = None
-        self._one = to_ortvalue(np.array(1.0, dtype=np.float32), device)
-        self._lr = to_ortvalue(np.array(0.0, dtype=np.float32), device)
-        self._previous = None
-        self._flat = None
-        if flat:
-            self._flat = _FlatBuffers(self.shapes, optimizer.state_names, self._update, self._lr)
-            self._flat.write(0, start)
-            self._use_set(0)
-        else:
-            self.weights: list[OrtValue] = [to_ortvalue(w, device) for w in start]
-        self.reset_optimizer()
 
-    # state -------------------------------------------------------------
-    def _use_set(self, parity: int) -> None:
-        flat = self._flat
-        flat.current = parity
-        self.weights = flat.weights[parity]
-        self.state = flat.state[parity]
+    def __getattr__(self, name):
+        # What a backend has of its own (forward_backward, weights, step, _flat...).
+        if name == "_backend":
+            raise AttributeError(name)
+        return getattr(self._backend, name)
 
-    def reset_optimizer(self) -> None:
-        """Start the optimizer state afresh (``init_state`` of each weight), step count 0."""
-        self.step = 0
-        self._previous = None
-        names = self.optimizer.state_names
-        if self._flat is None:
-            initial = [self.optimizer.init_state(w) for w in self.get_weights()]
-            self._load_state([[st[name] for name in names] for st in initial])
-            return
-        # One weight at a time: no copy of all the weights and states at once.
-        for i in range(len(self.shapes)):
-            weight = self._flat.views[self._flat.current][0][i].copy()
-            initial = self.optimizer.init_state(weight)
-            for k, name in enumerate(names):
-                self._flat.write(1 + k, [initial[name]], start=i)
-
-    def _load_state(self, per_weight) -> None:
-        # per_weight[i][k]: state k (in state_names order) of weight i
-        if self._flat is not None:
-            for k in range(len(self.optimizer.state_names)):
-                self._flat.write(1 + k, [st[k] for st in per_weight])
-            return
-        self.state = [[to_ortvalue(s, self.device) for s in st] for st in per_weight]
-
-    def checkpoint(self):
-        """Return the current weights and optimizer state.
-
-        References to the runtime's values (no copy) when each update makes new
-        ones; a copy when the engine updates its buffers in turn.
-        """
-        if self._flat is not None:
-            arrays = [v.copy() for v in self._flat.arrays[self._flat.current]]
-            return arrays, None, self.step
-        return list(self.weights), [list(s) for s in self.state], self.step
-
-    def restore(self, checkpoint) -> None:
-        """Go back to a state returned by :meth:`checkpoint`."""
-        weights, state, step = checkpoint
-        self.step = step
-        self._previous = None
-        if self._flat is not None:
-            for target, saved in zip(self._flat.arrays[self._flat.current], weights):
-                np.copyto(target, saved)
-            return
-        self.weights, self.state = list(weights), [list(s) for s in state]
-
-    def undo_last_step(self) -> None:
-        """Go back to the weights and state before the last update (if any)."""
-        previous, self._previous = self._previous, None
-        if previous is None:
-            return
-        if self._flat is not None:
-            parity, self.step = previous  # that set has not been written since
-            self._use_set(parity)
-        else:
-            self.restore(previous)
-
-    def is_finite(self, X: np.ndarray, y: np.ndarray, sample_weight: np.ndarray) -> bool:
-        """Return whether every weight, and the loss on a batch, are finite."""
-        if not all(np.isfinite(w.numpy()).all() for w in self.weights):
-            return False
-        return bool(np.isfinite(self.loss(X, y, sample_weight)))
-
-    def get_weights(self) -> list[np.ndarray]:
-        """Return copies of the current weights."""
-        return [w.numpy().copy() for w in self.weights]
-
-    def set_weights(self, arrays: Sequence[np.ndarray]) -> None:
-        """Replace the weights by copies of ``arrays``."""
-        self._previous = None
-        if self._flat is not None:
-            self._flat.write(0, arrays)
-            return
-        self.weights = [
-            to_ortvalue(np.asarray(a, dtype=np.float32).reshape(s), self.device)
-            for a, s in zip(arrays, self.shapes)
-        ]
-
-    def get_state(self) -> dict:
-        """Return the optimizer state as numpy arrays (for pickling)."""
-        return {"step": self.step, "state": [[s.numpy().copy() for s in st] for st in self.state]}
-
-    def set_state(self, saved: dict) -> None:
-        """Restore an optimizer state returned by :meth:`get_state`."""
-        self.step = int(saved["step"])
-        self._previous = None
-        self._load_state(saved["state"])
-
-    # passes ------------------------------------------------------------
-    def _feed(self, array: np.ndarray) -> OrtValue:
-        # Zero copy on CPU: the caller keeps ``array`` alive until the batch ends.
-        return ortvalue_view(array, self.device)
+    @property
+    def step(self) -> int:
+        """Number of updates since the optimizer state was created."""
+        return self._backend.step
 
     def train_batch(
         self, X: np.ndarray, y: np.ndarray, sample_weight: np.ndarray, learning_rate: float
@@ -472,49 +323,51 @@ class TrainingEngine:
         learning_rate : float
             Current learning rate of the schedule.
         """
-        fb = self.forward_backward
-        outputs, state = fb.forward(
-            [self._feed(X), self._feed(y), self._feed(sample_weight)], self.weights
-        )
-        loss = float(outputs[0].numpy())
-        if not np.isfinite(loss):
-            return loss  # no update: the caller decides what to do
-        grads = fb.backward([self._one], state)
-        flat = self._flat
-        # What undo_last_step goes back to, without a copy: the update either
-        # returns new values (the previous ones stay valid) or writes the other
-        # set of buffers (the set it reads stays as it is until the next update).
-        self._previous = self.checkpoint() if flat is None else (flat.current, self.step)
-        self.step += 1
-        lr = self.optimizer.step_learning_rate(learning_rate, self.step)
-        self._lr.update_inplace(np.array(lr, dtype=np.float32))
-        if flat is not None:
-            flat.runs[flat.current].run(dict(zip(flat.grad_names, grads)))
-            self._use_set(1 - flat.current)
-            return loss
-        feeds = [self._lr]
-        for w, gr, st in zip(self.weights, grads, self.state):
-            feeds.append(w)
-            feeds.append(gr)
-            feeds.extend(st)
-        results = run_with_ortvalues(self._update, self._update_inputs, feeds)
-        k = 1 + len(self.optimizer.state_names)
-        self.weights = [results[i * k] for i in range(len(self.weights))]
-        self.state = [results[i * k + 1 : (i + 1) * k] for i in range(len(self.weights))]
-        return loss
+        return self._backend.train_batch(X, y, sample_weight, learning_rate)
 
-    def _forward(self, X, y, sample_weight):
+    def checkpoint(self):
+        """Return the current weights and optimizer state (for :meth:`restore`)."""
+        return self._backend.checkpoint()
+
+    def restore(self, checkpoint) -> None:
+        """Go back to a state returned by :meth:`checkpoint`."""
+        self._backend.restore(checkpoint)
+
+    def undo_last_step(self) -> None:
+        """Go back to the weights and state before the last update (if any)."""
+        self._backend.undo_last_step()
+
+    def reset_optimizer(self) -> None:
+        """Start the optimizer state afresh (``init_state`` of each weight), step count 0."""
+        self._backend.reset_optimizer()
+
+    def is_finite(self, X: np.ndarray, y: np.ndarray, sample_weight: np.ndarray) -> bool:
+        """Return whether every weight, and the loss on a batch, are finite."""
+        return self._backend.is_finite(X, y, sample_weight)
+
+    def get_weights(self) -> list[np.ndarray]:
+        """Return copies of the current weights."""
+        return self._backend.get_weights()
+
+    def set_weights(self, arrays: Sequence[np.ndarray]) -> None:
+        """Replace the weights by copies of ``arrays``."""
+        self._backend.set_weights(arrays)
+
+    def get_state(self) -> dict:
+        """Return the optimizer state as numpy arrays, with its names (for pickling)."""
+        return self._backend.get_state()
+
+    def set_state(self, saved: dict) -> None:
+        """Restore an optimizer state returned by :meth:`get_state`, matched by name."""
+        self._backend.set_state(saved)
+
+    @staticmethod
+    def _arrays(X, y, sample_weight):
         X = np.ascontiguousarray(X, dtype=np.float32)
         y = np.ascontiguousarray(np.reshape(y, (X.shape[0], -1)), dtype=np.float32)
         if sample_weight is None:
             sample_weight = np.ones(X.shape[0], dtype=np.float32)
-        sample_weight = np.ascontiguousarray(sample_weight, dtype=np.float32)
-        outputs, state = self.forward_backward.forward(
-            [self._feed(X), self._feed(y), self._feed(sample_weight)], self.weights
-        )
-        # The backward pass reads the batch through the state: the caller keeps
-        # the arrays (third item) alive until it is done.
-        return float(outputs[0].numpy()), state, (X, y, sample_weight)
+        return X, y, np.ascontiguousarray(sample_weight, dtype=np.float32)
 
     def loss(self, X: np.ndarray, y: np.ndarray, sample_weight: np.ndarray | None = None) -> float:
         """Return the loss (penalty included) on ``X``, ``y`` with the current weights.
@@ -528,7 +381,7 @@ class TrainingEngine:
         sample_weight : ndarray of shape (n_samples,), default=None
             Weights (ones by default).
         """
-        return self._forward(X, y, sample_weight)[0]
+        return self._backend.loss(*self._arrays(X, y, sample_weight))
 
     def loss_and_gradients(
         self, X: np.ndarray, y: np.ndarray, sample_weight: np.ndarray | None = None
@@ -544,21 +397,8 @@ class TrainingEngine:
         sample_weight : ndarray of shape (n_samples,), default=None
             Weights (ones by default).
         """
-        loss, state, batch = self._forward(X, y, sample_weight)
-        grads = self.forward_backward.backward([self._one], state)
-        del batch  # no longer read
-        return loss, [g.numpy().copy() for g in grads]
+        return self._backend.loss_and_gradients(*self._arrays(X, y, sample_weight))
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         """Return the model's predictions for ``X`` with the current weights."""
-        if self._predict is None:
-            self._predict = onnxruntime.InferenceSession(
-                weights_as_inputs(self._model, self.weight_names).SerializeToString(),
-                sess_options=session_options(),
-                providers=self.providers,
-            )
-        names = [i.name for i in self._predict.get_inputs()]
-        X = np.ascontiguousarray(X, dtype=np.float32)
-        feeds = [self._feed(X)] + self.weights
-        out = run_with_ortvalues(self._predict, names, feeds, [self.output_name])
-        return out[0].numpy().copy()
+        return self._backend.predict(X)

@@ -94,6 +94,8 @@ def plot_loss_curve(est: Any, ax: Axes | None = None) -> Axes:
     epochs = list(range(1, len(losses) + 1))
     marker = "o" if len(losses) <= 30 else None
     loss_name = getattr(est, "loss", None)
+    if loss_name == "auto":  # the template's own loss, as resolved at fit
+        loss_name = repr(getattr(est, "_loss_", None) or "auto")
     loss_label = f"training loss ({loss_name})" if isinstance(loss_name, str) else "training loss"
     handles = ax.plot(epochs, list(losses), color="C0", marker=marker, label=loss_label)
     ax.set_xlabel("epoch")

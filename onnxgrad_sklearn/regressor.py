@@ -6,10 +6,11 @@ import numpy as np
 from sklearn.base import RegressorMixin
 from sklearn.linear_model import LinearRegression
 from sklearn.metrics import r2_score
+from sklearn.utils._available_if import available_if
 from sklearn.utils._param_validation import StrOptions
 
 from ._base import BaseOrtGradient
-from .losses import BaseLoss
+from .losses import REGRESSION_LOSSES, BaseLoss
 
 __all__ = ["OrtGradientRegressor"]
 
@@ -86,6 +87,16 @@ class OrtGradientRegressor(RegressorMixin, BaseOrtGradient):
         weights go back to the last ones with a finite loss, then ``"raise"``
         raises :class:`~onnxgrad_sklearn.ConvergenceError`, ``"warn"`` gives a
         ``ConvergenceWarning`` and keeps the model usable.
+    backend : {"auto", "agent", "standard"}, default="auto"
+        What computes the gradients and runs the training step. ``"agent"``:
+        onnxruntime-training's TrainingAgent (needs ``onnxruntime-training-cpu``,
+        Python <= 3.12). ``"standard"``: gradient graphs in standard ONNX
+        operators (onnx-ad) with the update in the same graph, on any
+        onnxruntime >= 1.20 (CPU in this version). ``"auto"`` picks the agent
+        where it is installed and can differentiate every operator of the
+        training graph, the standard backend otherwise, and logs the choice at
+        INFO; ``backend_`` records what ran. See ``docs/how_it_works.md`` for
+        the operators each backend differentiates.
 
     Attributes
     ----------
@@ -103,6 +114,8 @@ class OrtGradientRegressor(RegressorMixin, BaseOrtGradient):
         Best of ``validation_scores_``.
     n_iter_ : int
         Epochs run by the last ``fit``.
+    backend_ : {"agent", "standard"}
+        The backend that trained the model last (see ``backend``).
     t_ : int
         Training samples seen (continued from a fine-tuned MLP's ``t_``).
     n_outputs_ : int
@@ -129,8 +142,9 @@ class OrtGradientRegressor(RegressorMixin, BaseOrtGradient):
 
     _parameter_constraints: dict = {
         **BaseOrtGradient._parameter_constraints,
-        "loss": [StrOptions({"squared_error", "absolute_error", "huber", "quantile"}), BaseLoss],
+        "loss": [StrOptions({"auto", *REGRESSION_LOSSES}), BaseLoss],
     }
+    _task = "regression"
 
     def _default_estimator(self):
         return LinearRegression()
@@ -161,6 +175,7 @@ class OrtGradientRegressor(RegressorMixin, BaseOrtGradient):
         self._validate_params()
         return self._fit(X, y, sample_weight)
 
+    @available_if(BaseOrtGradient._stochastic)
     def partial_fit(self, X, y, sample_weight=None):
         """Run one epoch over ``X``, ``y``, continuing from the current weights.
 
@@ -200,5 +215,5 @@ class OrtGradientRegressor(RegressorMixin, BaseOrtGradient):
             Predictions (float64 copies of the runtime's float32 output).
         """
         outputs = self._run_onnx(X)
-        pred = outputs[self._converted.output_name].astype(np.float64)
+        pred = outputs[self._export_model.graph.output[0].name].astype(np.float64)
         return pred.ravel() if self.n_outputs_ == 1 else pred.reshape(-1, self.n_outputs_)

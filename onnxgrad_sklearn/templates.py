@@ -28,238 +28,33 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
-from sklearn.base import is_classifier
 from sklearn.pipeline import Pipeline
 from sklearn.utils.validation import check_is_fitted
 
+from .families import ParamRef, family_of, supported_names
 from .ortgrad import MAX_ML_OPSET, MAX_OPSET, pin_versions
 
 __all__ = ["ConvertedTemplate", "ParamRef", "convert_template", "final_estimator"]
 
 logger = logging.getLogger("onnxgrad_sklearn")
 
-#: Linear regressors whose prediction is ``X @ coef_.T + intercept_``.
-LINEAR_REGRESSORS = (
-    "LinearRegression",
-    "Ridge",
-    "RidgeCV",
-    "Lasso",
-    "LassoCV",
-    "ElasticNet",
-    "ElasticNetCV",
-    "Lars",
-    "LarsCV",
-    "LassoLars",
-    "LassoLarsCV",
-    "LassoLarsIC",
-    "OrthogonalMatchingPursuit",
-    "BayesianRidge",
-    "ARDRegression",
-    "HuberRegressor",
-    "QuantileRegressor",
-    "SGDRegressor",
-    "LinearSVR",
-    "TheilSenRegressor",
-)
 
+def trained_view(est):
+    """Return ``est`` with its final model replaced by the model whose graph is trained.
 
-#: Linear classifiers trained with the log-loss on ``X @ coef_.T + intercept_``.
-LINEAR_CLASSIFIERS = ("LogisticRegression", "LogisticRegressionCV", "SGDClassifier")
-
-
-@dataclass(frozen=True)
-class ParamRef:
-    """Where one parameter lives in the final model.
-
-    Attributes
-    ----------
-    attr : str
-        Attribute name (``coefs_``, ``coef_``...).
-    index : int or None
-        Position in the attribute when it is a list (MLP layers), else None.
-    penalized : bool
-        Whether ``alpha``/``l1_ratio`` penalise it (weight matrices, not biases).
-    trainable : bool
-        Whether it is trained (an intercept with ``fit_intercept=False`` is not).
-    """
-
-    attr: str
-    index: int | None
-    penalized: bool
-    trainable: bool = True
-
-    @property
-    def label(self) -> str:
-        """Readable name, such as ``coefs_[1]``."""
-        return self.attr if self.index is None else f"{self.attr}[{self.index}]"
-
-    def get(self, est) -> np.ndarray:
-        """Return the parameter's value in ``est``."""
-        value = getattr(est, self.attr)
-        return np.asarray(value if self.index is None else value[self.index])
-
-    def set(self, est, value) -> None:
-        """Store ``value`` as the parameter of ``est`` (keeping its type and shape)."""
-        if self.index is None:
-            old = getattr(est, self.attr)
-            if np.ndim(old) == 0:
-                value = np.float64(np.asarray(value).reshape(()))
-            setattr(est, self.attr, value)
-        else:
-            getattr(est, self.attr)[self.index] = value
-
-
-class _Family:
-    """Parameters of one family of scikit-learn models."""
-
-    name = "base"
-
-    def params(self, est) -> list[ParamRef]:
-        raise NotImplementedError
-
-    def initialize(self, est, n_features: int, n_outputs: int, rng) -> None:
-        raise NotImplementedError
-
-    def logit_model(self, est):
-        """Return a regressor whose prediction is ``est``'s logits, sharing its arrays."""
-        raise NotImplementedError
-
-    def marker_shapes(self, values):
-        """Shapes of the markers the template is converted with (default: the real ones)."""
-        return [np.shape(v) for v in values]
-
-
-class _LinearFamily(_Family):
-    name = "linear"
-
-    def logit_model(self, est):
-        from sklearn.linear_model import LinearRegression
-
-        reg = LinearRegression(fit_intercept=bool(getattr(est, "fit_intercept", True)))
-        reg.coef_ = est.coef_
-        reg.intercept_ = est.intercept_
-        reg.n_features_in_ = est.n_features_in_
-        return reg
-
-    def params(self, est):
-        return [
-            ParamRef("coef_", None, True),
-            ParamRef("intercept_", None, False, bool(getattr(est, "fit_intercept", True))),
-        ]
-
-    def initialize(self, est, n_features, n_outputs, rng):
-        single = n_outputs == 1
-        est.n_features_in_ = n_features
-        if is_classifier(est):
-            est.coef_ = np.zeros((n_outputs, n_features))
-            est.intercept_ = np.zeros(n_outputs)
-            return
-        if type(est).__name__ == "SGDRegressor":
-            if not single:
-                raise ValueError(
-                    "SGDRegressor has a single output; use LinearRegression or "
-                    "MLPRegressor as template for a 2-D y."
-                )
-            est.coef_ = np.zeros(n_features)
-            est.intercept_ = np.zeros(1)
-        else:
-            est.coef_ = np.zeros(n_features) if single else np.zeros((n_outputs, n_features))
-            est.intercept_ = np.float64(0.0) if single else np.zeros(n_outputs)
-
-
-class _MLPFamily(_Family):
-    name = "mlp"
-
-    def marker_shapes(self, values):
-        # Hidden layers of 2, 3, 4... units: distinct, so every dimension of a
-        # marker tells which dimension of the real array it stands for.
-        n = len(values) // 2
-        sizes = [values[0].shape[0]] + [k + 2 for k in range(n - 1)] + [values[n - 1].shape[1]]
-        coefs = [(sizes[k], sizes[k + 1]) for k in range(n)]
-        return coefs + [(sizes[k + 1],) for k in range(n)]
-
-    def logit_model(self, est):
-        from sklearn.neural_network import MLPRegressor
-
-        reg = MLPRegressor(hidden_layer_sizes=est.hidden_layer_sizes, activation=est.activation)
-        for attr in ("coefs_", "intercepts_", "n_features_in_", "n_layers_", "n_outputs_"):
-            setattr(reg, attr, getattr(est, attr))
-        reg.out_activation_ = "identity"
-        return reg
-
-    def params(self, est):
-        n = len(est.coefs_)
-        return [ParamRef("coefs_", i, True) for i in range(n)] + [
-            ParamRef("intercepts_", i, False) for i in range(n)
-        ]
-
-    def initialize(self, est, n_features, n_outputs, rng):
-        hidden = est.hidden_layer_sizes
-        if not hasattr(hidden, "__iter__"):
-            hidden = [hidden]
-        hidden = list(hidden)
-        if any(int(h) <= 0 for h in hidden):
-            raise ValueError(f"hidden_layer_sizes must be > 0, got {hidden}.")
-        units = [n_features, *hidden, n_outputs]
-        # Same draws, in the same order, as MLPRegressor._init_coef, kept in
-        # float32 as MLPRegressor does for float32 data (the weights are trained in float32).
-        factor = 2.0 if est.activation == "logistic" else 6.0
-        est.coefs_, est.intercepts_ = [], []
-        for fan_in, fan_out in zip(units[:-1], units[1:]):
-            bound = np.sqrt(factor / (fan_in + fan_out))
-            est.coefs_.append(rng.uniform(-bound, bound, (fan_in, fan_out)).astype(np.float32))
-            est.intercepts_.append(rng.uniform(-bound, bound, fan_out).astype(np.float32))
-        est.n_features_in_ = n_features
-        est.n_outputs_ = n_outputs
-        est.n_layers_ = len(units)
-        # What MLPRegressor._initialize sets, so that estimator_ can go on with
-        # scikit-learn's own partial_fit.
-        est.n_iter_ = 0
-        est.t_ = 0
-        est.loss_curve_ = []
-        est._no_improvement_count = 0
-        est.best_loss_ = np.inf
-        est.validation_scores_ = None
-        est.best_validation_score_ = None
-        est._random_state = rng
-        est._best_coefs = [c.copy() for c in est.coefs_]
-        est._best_intercepts = [i.copy() for i in est.intercepts_]
-        if not is_classifier(est):
-            est.out_activation_ = "identity"
-
-
-def _family(est) -> _Family | None:
-    name = type(est).__name__
-    if not type(est).__module__.startswith("sklearn."):
-        return None
-    if name == "MLPRegressor":
-        if getattr(est, "loss", "squared_error") != "squared_error":
-            return None
-        return _MLPFamily()
-    if name == "MLPClassifier":
-        return _MLPFamily()
-    if name in LINEAR_REGRESSORS:
-        return _LinearFamily()
-    if name in LINEAR_CLASSIFIERS:
-        if name == "SGDClassifier" and est.loss != "log_loss":
-            return None
-        return _LinearFamily()
-    return None
-
-
-def logit_model(est):
-    """Return ``est`` with its final classifier replaced by a regressor giving its logits.
-
-    The regressor shares the classifier's parameter arrays, so the parameters
-    located in its ONNX graph are written back into the classifier. Its output
-    is the decision function: one column for a binary problem, one per class
-    otherwise.
+    For a classifier, a regressor giving its logits (one column for a binary
+    problem, one per class otherwise); for a GLM, its linear predictor; the
+    template itself for the other families. The replacement shares the final
+    model's parameter arrays, so the parameters located in its ONNX graph are
+    written back into the final model.
     """
     final = final_estimator(est)
-    reg = _family(final).logit_model(final)
+    view = family_of(final).trained_view(final)
+    if view is None:
+        return est
     if isinstance(est, Pipeline):
-        return Pipeline(est.steps[:-1] + [(est.steps[-1][0], reg)])
-    return reg
+        return Pipeline(est.steps[:-1] + [(est.steps[-1][0], view)])
+    return view
 
 
 def export_model(est, n_features: int) -> onnx.ModelProto:
@@ -281,13 +76,14 @@ def export_model(est, n_features: int) -> onnx.ModelProto:
     from skl2onnx import to_onnx
 
     final = final_estimator(est)
-    options = {id(final): {"zipmap": False}} if is_classifier(final) else None
+    family = family_of(final)
+    options = family.export_options(final)
     model = to_onnx(
         est,
         np.zeros((1, n_features), dtype=np.float32),
         target_opset={"": MAX_OPSET, "ai.onnx.ml": MAX_ML_OPSET},
-        black_op={"LinearRegressor", "LinearClassifier", "Scaler"},
-        options=options,
+        black_op=set(family.black_op),
+        options={id(final): options} if options else None,
     )
     n_outputs = getattr(final, "n_outputs_", 1)
     if type(final).__name__ == "MLPRegressor" and n_outputs > 1:
@@ -335,34 +131,48 @@ def _is_fitted(est) -> bool:
     return True
 
 
-def check_trainable(template) -> None:
-    """Raise a ValueError naming the model when it has no trainable parameters.
+def check_template(template, task: str, estimator_name: str) -> None:
+    """Raise a ValueError when ``template`` cannot be trained for ``task``.
 
     Parameters
     ----------
     template : estimator or Pipeline
         The model to check.
+    task : {"regression", "classification"}
+        What the estimator does.
+    estimator_name : str
+        The estimator's class name, for the messages.
     """
+    if isinstance(template, type):
+        raise ValueError(
+            f"estimator={template.__name__} is a class: pass an instance, such as "
+            f"estimator={template.__name__}()."
+        )
     final = final_estimator(template)
-    if _family(final) is not None:
-        return
     name = type(final).__name__
     where = f"the last step of the Pipeline, {name}," if final is not template else name
-    if name == "MLPRegressor":
-        why = f"only loss='squared_error' has an identity output layer (got loss={final.loss!r})"
-    elif name == "SGDClassifier":
-        why = f"only loss='log_loss' gives probabilities to train (got loss={final.loss!r})"
-    elif hasattr(final, "tree_") or "Tree" in name or "Forest" in name or "Boosting" in name:
-        why = "its predictions are piecewise constant splits, with no gradient to follow"
-    elif "Neighbors" in name:
-        why = "it stores training samples instead of weights, so there is nothing to train"
-    else:
-        why = "it is not one of the supported models"
-    raise ValueError(
-        f"{where} cannot be trained by gradient descent: {why}. Supported final models: "
-        f"MLPRegressor, MLPClassifier, the linear classifiers {', '.join(LINEAR_CLASSIFIERS)} "
-        f"and the linear regressors {', '.join(LINEAR_REGRESSORS)}."
-    )
+    family = family_of(final)
+    if family is None:
+        if hasattr(final, "tree_") or "Tree" in name or "Forest" in name or "Boosting" in name:
+            why = "its predictions are piecewise constant splits, with no gradient to follow"
+        elif "Neighbors" in name:
+            why = "it stores training samples instead of weights, so there is nothing to train"
+        else:
+            why = "it is not one of the supported models"
+        raise ValueError(
+            f"{where} cannot be trained by gradient descent: {why}. Supported final models: "
+            f"{', '.join(supported_names(task))}."
+        )
+    if family.task != task:
+        other = (
+            "OrtGradientClassifier" if family.task == "classification" else ("OrtGradientRegressor")
+        )
+        raise ValueError(
+            f"{where} is a {family.task} model and {estimator_name} does {task}: use "
+            f"{other}({name}(...)), or a {task} template such as "
+            f"{', '.join(supported_names(task)[:4])}."
+        )
+    family.check(final)
 
 
 def _match(init: np.ndarray, value: np.ndarray):
@@ -500,7 +310,7 @@ def prepare_template(template, X, n_outputs, random_state):
         n_features = np.asarray(Xt).shape[1]
     else:
         n_features = X.shape[1]
-    _family(final).initialize(final, n_features, n_outputs, random_state)
+    family_of(final).initialize(final, n_features, n_outputs, random_state)
     return est, False
 
 
@@ -519,7 +329,7 @@ def convert_template(est, n_features: int) -> ConvertedTemplate:
     ConvertedTemplate
     """
     final = final_estimator(est)
-    family = _family(final)
+    family = family_of(final)
     params = family.params(final)
     values = [ref.get(final) for ref in params]
     # skl2onnx writes initializers element by element: an MLP is converted with

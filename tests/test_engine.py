@@ -7,7 +7,13 @@ import pytest
 from sklearn.neural_network import MLPRegressor
 
 from onnxgrad_sklearn import OrtGradientRegressor
+from onnxgrad_sklearn.backends import agent_available
 from onnxgrad_sklearn.optim import SGD, Adam, BaseOptimizer, Nesterov
+
+# the agent's engine: its flat and per-tensor update paths, its gradient graph
+pytestmark = pytest.mark.skipif(
+    not agent_available(), reason="onnxruntime-training (the TrainingAgent) not installed"
+)
 
 
 class PerTensorNesterov(Nesterov):

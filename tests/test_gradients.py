@@ -12,6 +12,7 @@ from sklearn.neural_network import MLPRegressor
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import MinMaxScaler, PolynomialFeatures, StandardScaler
 
+from onnxgrad_sklearn.backends import agent_available
 from onnxgrad_sklearn.engine import TrainingEngine
 from onnxgrad_sklearn.losses import AbsoluteError, Huber, Quantile, SquaredError
 from onnxgrad_sklearn.optim import SGD
@@ -72,7 +73,18 @@ def _reference_loss(est, conv, values, X, y, sw, per_sample, alpha, l1_ratio, pe
     return loss + alpha * (0.5 * (1 - l1_ratio) * l2 + l1_ratio * l1) / sw.sum()
 
 
-def _check(template_name, loss_name, alpha=0.0, l1_ratio=0.0):
+BACKENDS = [
+    pytest.param(
+        "agent",
+        marks=pytest.mark.skipif(
+            not agent_available(), reason="onnxruntime-training (the TrainingAgent) not installed"
+        ),
+    ),
+    "standard",
+]
+
+
+def _check(template_name, loss_name, alpha=0.0, l1_ratio=0.0, backend="auto"):
     n_outputs = 2 if template_name.endswith("2out") else 1
     X, y, sw = _data(n_outputs)
     est = TEMPLATES[template_name]()
@@ -93,7 +105,9 @@ def _check(template_name, loss_name, alpha=0.0, l1_ratio=0.0):
         SGD(),
         alpha=alpha,
         l1_ratio=l1_ratio,
+        backend=backend,
     )
+    assert engine.backend == backend
     loss, grads = engine.loss_and_gradients(X, y, sw)
     values = [v.astype(np.float64) for v in conv.initializer_values()]
     ref_loss = _reference_loss(est, conv, values, X, y, sw, per_sample, alpha, l1_ratio, penalized)
@@ -119,18 +133,21 @@ def _check(template_name, loss_name, alpha=0.0, l1_ratio=0.0):
         assert rel_error(grad.ravel()[picks], numeric) < 1e-3, conv.params[k].label
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("template_name", sorted(TEMPLATES))
-def test_squared_error_gradients_of_every_template(template_name):
-    _check(template_name, "squared_error")
+def test_squared_error_gradients_of_every_template(template_name, backend):
+    _check(template_name, "squared_error", backend=backend)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("loss_name", sorted(LOSSES))
 @pytest.mark.parametrize("template_name", ["LinearRegression", "MLP-tanh", "Pipeline-mlp"])
-def test_gradients_of_every_loss(template_name, loss_name):
-    _check(template_name, loss_name)
+def test_gradients_of_every_loss(template_name, loss_name, backend):
+    _check(template_name, loss_name, backend=backend)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("l1_ratio", [0.0, 0.5, 1.0])
 @pytest.mark.parametrize("template_name", ["Ridge", "MLP-relu", "LinearRegression-2out"])
-def test_gradients_with_elastic_net_penalty(template_name, l1_ratio):
-    _check(template_name, "squared_error", alpha=0.3, l1_ratio=l1_ratio)
+def test_gradients_with_elastic_net_penalty(template_name, l1_ratio, backend):
+    _check(template_name, "squared_error", alpha=0.3, l1_ratio=l1_ratio, backend=backend)

@@ -5,8 +5,14 @@ import onnxruntime
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxgrad_sklearn import OrtGradientForwardBackward
-from onnxgrad_sklearn.ortgrad import to_ortvalue
+from onnxgrad_sklearn.backends import agent_available
+from onnxgrad_sklearn.runtime import to_ortvalue
+
+pytestmark = pytest.mark.skipif(
+    not agent_available(), reason="onnxruntime-training (the TrainingAgent) not installed"
+)
+if agent_available():
+    from onnxgrad_sklearn.backends.agent import OrtGradientForwardBackward
 
 
 def _model(W, b, batch=None):

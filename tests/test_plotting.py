@@ -87,7 +87,8 @@ def test_loss_line_holds_loss_curve(regressor):
     assert ax.get_xlabel() == "epoch"
     assert ax.get_ylabel() == "training loss"
     assert "MLPRegressor" in ax.get_title()
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["training loss (squared_error)"]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["training loss (SquaredError())"]  # loss="auto": the template's
 
 
 def test_validation_scores_on_second_axis(early_stopped):
@@ -100,7 +101,7 @@ def test_validation_scores_on_second_axis(early_stopped):
     np.testing.assert_allclose(val_line.get_ydata(), early_stopped.validation_scores_)
     assert axes[1].get_ylabel() == "validation score (R2)"
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert labels == ["training loss (squared_error)", "validation score (R2)"]
+    assert labels == ["training loss (SquaredError())", "validation score (R2)"]
 
 
 def test_classifier_validation_is_accuracy():

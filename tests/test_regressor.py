@@ -405,7 +405,9 @@ def test_cuda_device_without_cuda_build_says_what_to_install(regression_data):
         OrtGradientRegressor(device="tpu").fit(X, y)
 
 
-def test_plain_onnxruntime_is_refused_at_import(tmp_path):
+def test_an_incomplete_onnxruntime_is_refused_at_import_with_the_fix(tmp_path):
+    # A module 'onnxruntime' without OrtValue and IO binding (overwritten files): plain
+    # onnxruntime itself is fine (the standard backend), see tests/test_backends.py.
     fake = tmp_path / "onnxruntime"
     (fake / "capi").mkdir(parents=True)
     (fake / "__init__.py").write_text("__version__ = '1.19.2'\n")
@@ -428,12 +430,17 @@ def test_plain_onnxruntime_is_refused_at_import(tmp_path):
 
 def test_verbose_shows_progress_bars_over_epochs_and_batches(regression_data, capsys):
     X, y = regression_data
-    OrtGradientRegressor(max_iter=3, batch_size=40, verbose=1).fit(X, y)
+    sgd = dict(optimizer="sgd", batch_size=40)
+    OrtGradientRegressor(max_iter=3, verbose=1, **sgd).fit(X, y)
     err = capsys.readouterr().err
     assert "3/3" in err and "epoch" in err and "loss=" in err
     assert "batch" not in err
-    OrtGradientRegressor(max_iter=2, batch_size=40, verbose=2).fit(X, y)
+    OrtGradientRegressor(max_iter=2, verbose=2, **sgd).fit(X, y)
     err = capsys.readouterr().err
     assert "/3 [" in err and "batch/s" in err  # 120 rows in batches of 40
-    OrtGradientRegressor(max_iter=2).fit(X, y)
+    OrtGradientRegressor(max_iter=2, **sgd).fit(X, y)
     assert capsys.readouterr().err == ""
+    # L-BFGS (the default for a linear template): a bar over its iterations
+    est = OrtGradientRegressor(verbose=1).fit(X, y)
+    err = capsys.readouterr().err
+    assert f"{est.n_iter_}/200" in err and "iter" in err and "loss=" in err

@@ -1,28 +1,19 @@
 """scikit-learn's estimator checks on both estimators, with two templates each."""
 
 import pytest
+from sklearn.linear_model import LogisticRegression
 from sklearn.neural_network import MLPClassifier, MLPRegressor
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from onnxgrad_sklearn import OrtGradientClassifier, OrtGradientRegressor
 
+# Default parameters everywhere: what a user gets without tuning anything.
 ESTIMATORS = [
-    OrtGradientRegressor(optimizer="adam", learning_rate_init=0.01, max_iter=100, random_state=0),
-    OrtGradientRegressor(
-        MLPRegressor(hidden_layer_sizes=(8,)),
-        optimizer="adam",
-        max_iter=100,
-        learning_rate_init=0.01,
-        random_state=0,
-    ),
-    OrtGradientClassifier(max_iter=50, learning_rate_init=0.01, random_state=0),
-    OrtGradientClassifier(
-        MLPClassifier(hidden_layer_sizes=(8,)),
-        optimizer="adam",
-        max_iter=100,
-        learning_rate_init=0.01,
-        random_state=0,
-    ),
+    OrtGradientRegressor(),
+    OrtGradientRegressor(MLPRegressor()),
+    OrtGradientClassifier(),
+    OrtGradientClassifier(MLPClassifier()),
+    OrtGradientClassifier(LogisticRegression()),
 ]
 
 

@@ -196,7 +196,11 @@ def test_max_iter_without_convergence_warns():
     with pytest.warns(ConvergenceWarning, match=r"Maximum iterations \(2\) reached"):
         with warnings.catch_warnings():
             warnings.simplefilter("always", ConvergenceWarning)
-            OrtGradientRegressor(max_iter=2).fit(X, y)
+            OrtGradientRegressor(optimizer="adam", max_iter=2).fit(X, y)
+    # L-BFGS (the default for a linear template) warns as MLPRegressor(solver="lbfgs")
+    with pytest.warns(ConvergenceWarning, match=r"lbfgs failed to converge after 2 iteration"):
+        est = OrtGradientRegressor(max_iter=2).fit(X, y)
+    assert est.n_iter_ == 2 and len(est.loss_curve_) == 2
 
 
 def test_classifier_early_stopping_keeps_the_best_validation_accuracy():

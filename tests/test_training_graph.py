@@ -12,6 +12,7 @@ from sklearn.neural_network import MLPClassifier, MLPRegressor
 
 from onnxgrad_sklearn import OrtGradientClassifier, OrtGradientRegressor
 from onnxgrad_sklearn import engine as engine_module
+from onnxgrad_sklearn.backends import agent_available
 from onnxgrad_sklearn.ortgrad import static_shapes
 
 RNG = np.random.RandomState(0)
@@ -43,7 +44,7 @@ CASES = {
 
 def _fit(name):
     factory, y = CASES[name]
-    return factory().set_params(max_iter=1, random_state=0, alpha=1e-3).fit(X, y)
+    return factory().set_params(max_iter=1, random_state=0, alpha=1e-3, backend="agent").fit(X, y)
 
 
 def _targets(est, y):
@@ -59,6 +60,9 @@ def _graph(est):
     return Counter(n.op_type for n in model.graph.node), dims
 
 
+@pytest.mark.skipif(
+    not agent_available(), reason="onnxruntime-training (the TrainingAgent) not installed"
+)
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 @pytest.mark.parametrize("name", list(CASES))
 def test_loss_part_is_built_with_known_shapes(name, monkeypatch):

@@ -10,7 +10,18 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.neural_network import MLPRegressor
 
 from onnxgrad_sklearn import OrtGradientRegressor
+from onnxgrad_sklearn.backends import agent_available
 from onnxgrad_sklearn.optim import SGD, Adam, Momentum, Nesterov
+
+BACKENDS = [
+    pytest.param(
+        "agent",
+        marks=pytest.mark.skipif(
+            not agent_available(), reason="onnxruntime-training (the TrainingAgent) not installed"
+        ),
+    ),
+    "standard",
+]
 
 SOLVERS = {
     "sgd": (SGD(), dict(solver="sgd", momentum=0.0)),
@@ -35,7 +46,9 @@ def fitted_mlp():
     return mlp, X, y
 
 
-def _continue_both(mlp, X, y, optimizer, sk_params, learning_rate="constant", lr=0.01):
+def _continue_both(
+    mlp, X, y, optimizer, sk_params, learning_rate="constant", lr=0.01, backend="auto"
+):
     common = dict(
         batch_size=32,
         shuffle=False,
@@ -47,7 +60,7 @@ def _continue_both(mlp, X, y, optimizer, sk_params, learning_rate="constant", lr
         learning_rate=learning_rate,
     )
     ref = copy.deepcopy(mlp).set_params(warm_start=True, **sk_params, **common)
-    ours = OrtGradientRegressor(mlp, optimizer=optimizer, **common)
+    ours = OrtGradientRegressor(mlp, optimizer=optimizer, backend=backend, **common)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         ref.fit(X, y)
@@ -55,11 +68,13 @@ def _continue_both(mlp, X, y, optimizer, sk_params, learning_rate="constant", lr
     return ours, ref
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", sorted(SOLVERS))
-def test_weights_and_loss_curve_match_mlpregressor(fitted_mlp, name):
+def test_weights_and_loss_curve_match_mlpregressor(fitted_mlp, name, backend):
     mlp, X, y = fitted_mlp
     optimizer, sk_params = SOLVERS[name]
-    ours, ref = _continue_both(mlp, X, y, optimizer, sk_params)
+    ours, ref = _continue_both(mlp, X, y, optimizer, sk_params, backend=backend)
+    assert ours.backend_ == backend
     trained = ours.estimator_
     # the starting point was really moved, by the same amounts
     assert rel_error(ref.coefs_[0], mlp.coefs_[0]) > 1e-3
@@ -71,11 +86,14 @@ def test_weights_and_loss_curve_match_mlpregressor(fitted_mlp, name):
     assert ours.t_ == ref.t_
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", ["sgd", "nesterov"])
-def test_invscaling_schedule_matches_mlpregressor(fitted_mlp, name):
+def test_invscaling_schedule_matches_mlpregressor(fitted_mlp, name, backend):
     mlp, X, y = fitted_mlp
     optimizer, sk_params = SOLVERS[name]
-    ours, ref = _continue_both(mlp, X, y, optimizer, sk_params, "invscaling", lr=0.5)
+    ours, ref = _continue_both(
+        mlp, X, y, optimizer, sk_params, "invscaling", lr=0.5, backend=backend
+    )
     trained = ours.estimator_
     for a, b in zip(trained.coefs_ + trained.intercepts_, ref.coefs_ + ref.intercepts_):
         assert rel_error(a, b) < 1e-4
@@ -83,7 +101,8 @@ def test_invscaling_schedule_matches_mlpregressor(fitted_mlp, name):
     assert ours._schedule.learning_rate == pytest.approx(ref._optimizer.learning_rate)
 
 
-def test_unfitted_mlp_follows_mlpregressor_from_the_same_seed():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unfitted_mlp_follows_mlpregressor_from_the_same_seed(backend):
     """Glorot initialisation, shuffling and updates draw from random_state as MLPRegressor."""
     rng = np.random.RandomState(1)
     X = rng.randn(90, 4).astype(np.float32).astype(np.float64)
@@ -93,7 +112,7 @@ def test_unfitted_mlp_follows_mlpregressor_from_the_same_seed():
         warnings.simplefilter("ignore", ConvergenceWarning)
         ref = MLPRegressor(hidden_layer_sizes=(10,), solver="sgd", momentum=0.9, **params).fit(X, y)
         ours = OrtGradientRegressor(
-            MLPRegressor(hidden_layer_sizes=(10,)), optimizer="nesterov", **params
+            MLPRegressor(hidden_layer_sizes=(10,)), optimizer="nesterov", backend=backend, **params
         ).fit(X, y)
     for a, b in zip(ours.estimator_.coefs_, ref.coefs_):
         assert rel_error(a, b) < 1e-4

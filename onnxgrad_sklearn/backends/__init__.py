@@ -1,0 +1,436 @@
+"""Training backends behind one interface, and the choice between them.
+
+Two backends run the training step of a fit:
+
+* ``"agent"`` (:mod:`.agent`): onnxruntime-training's gradient builder and
+  ``TrainingAgent``; needs the training build (``onnxruntime-training-cpu``
+  1.19.2, Python <= 3.12).
+* ``"standard"`` (:mod:`.standard`): the gradient graph in standard ONNX
+  operators from ``onnx_ad.reverse``, the update merged into it, one
+  ``InferenceSession`` call per batch; any onnxruntime >= 1.20 (and the training
+  build's).
+
+Both give the fit loop the methods of :class:`Backend`. A backend module is
+imported only when it is chosen (:func:`make_backend`): the agent's module is
+the only one touching the private training bindings.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+
+from .._passes import differentiated_nodes
+from ..runtime import (
+    OrtValue,
+    device_to_providers,
+    ortvalue_view,
+    run_with_ortvalues,
+    session_options,
+)
+
+__all__ = [
+    "AGENT_GRADIENT_OPS",
+    "BACKENDS",
+    "Backend",
+    "agent_available",
+    "agent_unsupported_ops",
+    "check_backend",
+    "choose_backend",
+    "make_backend",
+]
+
+logger = logging.getLogger("onnxgrad_sklearn")
+
+BACKENDS = ("agent", "standard")
+
+#: Operators onnxruntime-training 1.19's gradient builder can differentiate
+#: (``orttraining/core/graph/gradient_builder_registry.cc``), and operators whose
+#: outputs carry no gradient (comparisons, shapes), which it steps over.
+AGENT_GRADIENT_OPS = frozenset(
+    {
+        "Abs", "Add", "ArgMax", "ArgMin", "AveragePool", "BatchNormalization", "Cast",
+        "Clip", "Concat", "Constant", "ConstantOfShape", "Conv", "ConvTranspose", "Cos",
+        "Div", "Dropout", "Einsum", "Equal", "Erf", "Exp", "Expand", "Flatten", "Gather",
+        "GatherElements", "GatherND", "Gelu", "Gemm", "GlobalAveragePool", "Greater",
+        "GreaterOrEqual", "Identity", "IsInf", "IsNaN", "LayerNormalization", "LeakyRelu",
+        "Less", "LessOrEqual", "Log", "LogSoftmax", "MatMul", "Max", "MaxPool", "Min",
+        "Mul", "Neg", "NonZero", "Not", "Pad", "Pow", "Reciprocal", "ReduceL2", "ReduceLogSumExp",
+        "ReduceMax", "ReduceMean", "ReduceMin", "ReduceSum", "Relu", "Reshape",
+        "ScatterElements", "ScatterND", "Shape", "Sigmoid", "Sin", "Size", "Slice",
+        "Softmax", "SoftmaxCrossEntropyLoss", "Split", "Sqrt", "Squeeze", "Sub", "Sum",
+        "Tanh", "Tile", "TopK", "Transpose", "Trilu", "Unsqueeze", "Where",
+    }
+)  # fmt: skip
+
+#: Operators whose derivative is zero almost everywhere: a loss reaching the
+#: weights only through them cannot move the weights.
+ZERO_DERIVATIVE_OPS = frozenset(
+    {
+        "Round", "Floor", "Ceil", "Sign", "Equal", "Greater", "GreaterOrEqual", "Less",
+        "LessOrEqual", "ArgMax", "ArgMin", "Hardmax", "OneHot", "IsNaN", "IsInf",
+    }
+)  # fmt: skip
+
+
+@functools.lru_cache(maxsize=1)
+def agent_available() -> bool:
+    """Return whether the installed onnxruntime has the training bindings the agent needs."""
+    try:
+        from . import agent  # noqa: F401
+    except ImportError as exc:
+        logger.debug("TrainingAgent backend unavailable: %s", exc)
+        return False
+    return True
+
+
+def agent_unsupported_ops(training: onnx.ModelProto, weight_names: Sequence[str]) -> list[str]:
+    """Operators on the differentiated path of ``training`` the TrainingAgent cannot handle.
+
+    Parameters
+    ----------
+    training : onnx.ModelProto
+        The training graph (output ``loss``).
+    weight_names : list of str
+        The trained initializers.
+
+    Returns
+    -------
+    list of str
+        Sorted operator types (``domain:op`` outside the default domain).
+    """
+    path = differentiated_nodes(training, weight_names, "loss")
+    return sorted(
+        {
+            n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}:{n.op_type}"
+            for n in path
+            if n.domain not in ("", "ai.onnx") or n.op_type not in AGENT_GRADIENT_OPS
+        }
+    )
+
+
+def zero_derivative_nodes(
+    training: onnx.ModelProto, weight_names: Sequence[str]
+) -> list[onnx.NodeProto]:
+    """The nodes on the differentiated path whose derivative is zero almost everywhere."""
+    path = differentiated_nodes(training, weight_names, "loss")
+    return [n for n in path if n.domain in ("", "ai.onnx") and n.op_type in ZERO_DERIVATIVE_OPS]
+
+
+def _check_name(backend: str) -> None:
+    if backend not in ("auto", *BACKENDS):
+        raise ValueError(f"backend={backend!r} is not valid: use 'auto', 'agent' or 'standard'.")
+
+
+def check_backend(backend: str, device: str) -> None:
+    """Refuse an explicit backend that cannot run here, before any conversion.
+
+    Parameters
+    ----------
+    backend : {"auto", "agent", "standard"}
+        The estimator's ``backend`` parameter.
+    device : str
+        The estimator's ``device``.
+
+    Raises
+    ------
+    ValueError
+        Naming what is missing and the other backend.
+    """
+    _check_name(backend)
+    if backend == "agent" and not agent_available():
+        import onnxruntime
+
+        raise ValueError(
+            "backend='agent' needs onnxruntime-training (the TrainingAgent), but the "
+            f"installed onnxruntime {onnxruntime.__version__} is the plain build. Use "
+            "backend='standard' (or 'auto'), or install the training build: 'pip uninstall "
+            "-y onnxruntime && pip install onnxruntime-training-cpu==1.19.2' (Python <= 3.12)."
+        )
+    if backend == "standard" and device_to_providers(device)[0][0] != "CPUExecutionProvider":
+        raise ValueError(
+            f"backend='standard' runs on the CPU only in this version, device={device!r} was "
+            "asked for: use device='cpu', or backend='agent' with onnxruntime-training's "
+            "CUDA build."
+        )
+
+
+def choose_backend(
+    backend: str, training: onnx.ModelProto, weight_names: Sequence[str], device: str
+) -> str:
+    """Return the backend that trains ``training``: ``"agent"`` or ``"standard"``.
+
+    ``"auto"`` picks the TrainingAgent where the training build is installed and
+    its gradient builder knows every operator on the differentiated path, and the
+    standard backend otherwise; the choice is logged at INFO.
+
+    Parameters
+    ----------
+    backend : {"auto", "agent", "standard"}
+        What was asked for.
+    training : onnx.ModelProto
+        The training graph.
+    weight_names : list of str
+        The trained initializers.
+    device : str
+        ``"cpu"`` or ``"cuda[:N]"``.
+
+    Raises
+    ------
+    ValueError
+        When an explicit choice cannot train this graph here.
+    """
+    check_backend(backend, device)
+    if backend == "standard":
+        return backend
+    unsupported = agent_unsupported_ops(training, weight_names)
+    if backend == "agent":
+        if unsupported:
+            raise ValueError(
+                f"backend='agent' cannot differentiate the operator(s) {unsupported} of the "
+                "training graph (onnxruntime-training has no gradient for them). Use "
+                "backend='standard' (or 'auto'), which differentiates them with onnx-ad, "
+                "or write the loss with other operators."
+            )
+        return backend
+    on_cpu = device_to_providers(device)[0][0] == "CPUExecutionProvider"
+    if not agent_available():
+        reason = "onnxruntime-training is not installed"
+    elif unsupported:
+        reason = f"the TrainingAgent has no gradient for {unsupported}"
+    else:
+        logger.info("backend: agent (onnxruntime-training is installed)")
+        return "agent"
+    if not on_cpu:
+        raise ValueError(
+            f"device={device!r} needs the TrainingAgent backend in this version, but {reason}; "
+            "use device='cpu' (the standard backend runs on the CPU)."
+        )
+    logger.info("backend: standard (%s)", reason)
+    return "standard"
+
+
+def make_backend(name: str, **kwargs) -> Backend:
+    """Create the backend ``name`` (its module is imported here, on first use)."""
+    if name == "agent":
+        from .agent import AgentBackend
+
+        return AgentBackend(**kwargs)
+    if name == "standard":
+        from .standard import StandardBackend
+
+        return StandardBackend(**kwargs)
+    _check_name(name)
+    raise ValueError(f"backend={name!r}: choose it with choose_backend first.")
+
+
+class Backend:
+    """What the fit loop asks of a training backend.
+
+    One object owns the weights and the optimizer state of one fit in the
+    runtime, runs a training step per batch and can go back: to a checkpoint,
+    or to before the last step.
+
+    Parameters
+    ----------
+    training : onnx.ModelProto
+        The training graph (:func:`onnxgrad_sklearn.engine.build_training_graph`):
+        inputs the model's, ``y_true`` and ``sample_weight``; output ``loss``.
+    model : onnx.ModelProto
+        The inference graph, for :meth:`predict`.
+    output_name : str
+        Its prediction output.
+    weight_names : list of str
+        The trained initializers.
+    start : list of numpy.ndarray
+        Their starting values.
+    optimizer : BaseOptimizer
+        The update rule.
+    device : str
+        ``"cpu"`` or ``"cuda[:N]"``.
+    options : onnxruntime.SessionOptions
+        Options of the training sessions.
+    update_options : onnxruntime.SessionOptions
+        Options of a separate update session (one thread), where there is one.
+
+    Attributes
+    ----------
+    name : str
+        ``"agent"`` or ``"standard"``.
+    step : int
+        Updates since the optimizer state was created.
+    """
+
+    name = ""
+
+    def __init__(
+        self,
+        training,
+        model,
+        output_name,
+        weight_names,
+        start,
+        optimizer,
+        device="cpu",
+        options=None,
+        update_options=None,
+    ):
+        self.model = model
+        self.output_name = output_name
+        self.weight_names = list(weight_names)
+        self.shapes = [tuple(np.shape(w)) for w in start]
+        self.optimizer = optimizer
+        self.device = device
+        self.providers, self.device_index = device_to_providers(device)
+        self.options = session_options() if options is None else options
+        self.update_options = session_options(1) if update_options is None else update_options
+        self.step = 0
+        self._predict = None
+
+    # what each backend implements --------------------------------------
+    @property
+    def weights(self) -> list[OrtValue]:
+        """The current weights, one ``OrtValue`` per trained tensor."""
+        raise NotImplementedError
+
+    @property
+    def state(self) -> list[list[OrtValue]]:
+        """``state[i][k]``: the optimizer state ``k`` (``state_names`` order) of weight ``i``."""
+        raise NotImplementedError
+
+    def train_batch(self, X, y, sample_weight, learning_rate: float) -> float:
+        """Run forward, backward and the update on one batch; return its loss.
+
+        A non-finite loss is returned without any update.
+        """
+        raise NotImplementedError
+
+    def loss(self, X, y, sample_weight) -> float:
+        """The loss (penalty included) on a batch with the current weights."""
+        raise NotImplementedError
+
+    def loss_and_gradients(self, X, y, sample_weight) -> tuple[float, list[np.ndarray]]:
+        """The loss and its gradient for each weight, without updating."""
+        raise NotImplementedError
+
+    def checkpoint(self):
+        """Return the current weights and optimizer state (for :meth:`restore`)."""
+        raise NotImplementedError
+
+    def restore(self, checkpoint) -> None:
+        """Go back to a state returned by :meth:`checkpoint`."""
+        raise NotImplementedError
+
+    def undo_last_step(self) -> None:
+        """Go back to the weights and state before the last update (if any)."""
+        raise NotImplementedError
+
+    def set_weights(self, arrays) -> None:
+        """Replace the weights by copies of ``arrays``."""
+        raise NotImplementedError
+
+    def _load_state(self, per_weight) -> None:
+        raise NotImplementedError
+
+    # shared --------------------------------------------------------------
+    def reset_optimizer(self) -> None:
+        """Start the optimizer state afresh (``init_state`` of each weight), step count 0."""
+        self.step = 0
+        self._previous = None
+        names = self.optimizer.state_names
+        initial = [self.optimizer.init_state(w) for w in self.get_weights()]
+        self._load_state([[st[name] for name in names] for st in initial])
+
+    def get_weights(self) -> list[np.ndarray]:
+        """Return copies of the current weights."""
+        return [w.numpy().copy() for w in self.weights]
+
+    def get_state(self) -> dict:
+        """Return the optimizer state as numpy arrays, with its names (for pickling)."""
+        return {
+            "step": self.step,
+            "state_names": list(self.optimizer.state_names),
+            "weight_names": list(self.weight_names),
+            "state": [[s.numpy().copy() for s in st] for st in self.state],
+        }
+
+    def set_state(self, saved: dict) -> None:
+        """Restore an optimizer state returned by :meth:`get_state` (by either backend).
+
+        States are matched by name (``state_names`` and ``weight_names`` when
+        ``saved`` has them, positions otherwise); a state the saved one lacks
+        starts from ``init_state``.
+        """
+        self.step = int(saved["step"])
+        self._previous = None
+        names = list(self.optimizer.state_names)
+        saved_names = list(saved.get("state_names", names))
+        by_weight = dict(zip(saved.get("weight_names", self.weight_names), saved["state"]))
+        per_weight = []
+        for weight_name, weight in zip(self.weight_names, self.get_weights()):
+            values = dict(zip(saved_names, by_weight.get(weight_name, [])))
+            initial = self.optimizer.init_state(weight)
+            row = []
+            for name in names:
+                value = values.get(name)
+                if value is None or np.shape(value) != np.shape(weight):
+                    if value is not None or weight_name in by_weight:
+                        logger.info(
+                            "optimizer state %r of %s not in the saved state: starts afresh",
+                            name,
+                            weight_name,
+                        )
+                    value = initial[name]
+                row.append(value)
+            per_weight.append(row)
+        self._load_state(per_weight)
+
+    def is_finite(self, X, y, sample_weight) -> bool:
+        """Return whether every weight, and the loss on a batch, are finite."""
+        if not all(np.isfinite(w.numpy()).all() for w in self.weights):
+            return False
+        return bool(np.isfinite(self.loss(X, y, sample_weight)))
+
+    def _feed(self, array: np.ndarray) -> OrtValue:
+        # Zero copy on CPU: the caller keeps ``array`` alive until the batch ends.
+        return ortvalue_view(array, self.device)
+
+    def predict(self, X) -> np.ndarray:
+        """Return the model's predictions for ``X`` with the current weights."""
+        if self._predict is None:
+            import onnxruntime
+
+            from ..engine import weights_as_inputs
+
+            self._predict = onnxruntime.InferenceSession(
+                weights_as_inputs(self.model, self.weight_names).SerializeToString(),
+                sess_options=session_options(),
+                providers=self.providers,
+            )
+        names = [i.name for i in self._predict.get_inputs()]
+        X = np.ascontiguousarray(X, dtype=np.float32)
+        feeds = [self._feed(X)] + list(self.weights)
+        out = run_with_ortvalues(self._predict, names, feeds, [self.output_name])
+        return out[0].numpy().copy()
+
+
+def warn_zero_derivatives(training: onnx.ModelProto, weight_names: Sequence[str]) -> None:
+    """Warn when the loss reaches the weights through an operator of zero derivative."""
+    nodes = zero_derivative_nodes(training, weight_names)
+    if not nodes:
+        return
+    named = ", ".join(sorted({f"{n.op_type} ({n.name or n.output[0]})" for n in nodes}))
+    warnings.warn(
+        f"The training graph's loss depends on the weights through {named}, whose "
+        "derivative is zero almost everywhere: no gradient flows back through it, so "
+        "whatever the loss computes from its output cannot move the weights. Expected only "
+        "where it selects values (a mask, a Where condition); otherwise write the loss "
+        "with differentiable operators.",
+        UserWarning,
+        stacklevel=6,
+    )

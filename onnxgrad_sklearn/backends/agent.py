@@ -1,0 +1,579 @@
+"""The TrainingAgent backend: onnxruntime-training's gradient builder and agent.
+
+This is the only module of the package that touches the private training
+bindings of onnxruntime (``OrtModuleGraphBuilder``, ``TrainingAgent``,
+``PartialGraphExecutionState``); it is imported only when this backend is
+chosen, and fails to import (``ImportError`` saying how to fix it) where the
+installed onnxruntime is not the training build.
+
+* :class:`TrainingAgent` wraps the runtime's agent: ``run_forward`` runs the
+  gradient graph until its ``YieldOp``, ``run_backward`` resumes it from there.
+* :class:`OrtGradientForwardBackward` builds the gradient graph of any ONNX
+  model for a chosen list of initializers (the weights to train), and exposes a
+  training forward pass, a backward pass and an inference forward pass, all on
+  ``OrtValue`` objects.
+* :class:`AgentBackend` is the training step of the fit loop on them: forward,
+  backward, then the optimizer's update graph in its own session.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from .._passes import pin_versions, rewrite_batch_sums, rewrite_relu_grad
+from ..runtime import (
+    BoundRun,
+    DoubleBuffers,
+    OrtValue,
+    device_to_providers,
+    ort_device,
+    run_with_ortvalues,
+    to_ortvalue,
+)
+from . import Backend
+
+try:
+    import onnxruntime
+    from onnxruntime.capi import _pybind_state as _C
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "The TrainingAgent backend needs onnxruntime-training. Install it with "
+        "'pip install onnxruntime-training-cpu==1.19.2' (Python <= 3.12), or use "
+        "backend='standard' (plain onnxruntime)."
+    ) from exc
+
+if not hasattr(_C, "TrainingAgent") or not hasattr(_C, "OrtModuleGraphBuilder"):
+    raise ImportError(
+        "The installed onnxruntime ({}) has no training bindings: it is the plain "
+        "inference build, or another package overwrote onnxruntime-training's files. "
+        "Use backend='standard', or install the training build with "
+        "'pip uninstall -y onnxruntime onnxruntime-training-cpu && "
+        "pip install onnxruntime-training-cpu==1.19.2' (Python <= 3.12).".format(
+            getattr(onnxruntime, "__version__", "unknown")
+        )
+    )
+
+__all__ = ["AgentBackend", "OrtGradientForwardBackward", "TrainingAgent"]
+
+logger = logging.getLogger("onnxgrad_sklearn")
+
+OrtValueVector = _C.OrtValueVector
+
+
+def _vector(values: Sequence[OrtValue]) -> OrtValueVector:
+    vec = OrtValueVector()
+    vec.reserve(len(values))
+    for value in values:
+        vec.push_back(value)
+    return vec
+
+
+class TrainingAgent:
+    """Run the forward and backward halves of a gradient graph.
+
+    A thin wrapper over onnxruntime-training's ``TrainingAgent`` (the machinery
+    ORTModule uses). The gradient graph holds a ``YieldOp`` between the forward
+    part and the backward part: :meth:`run_forward` executes up to it and
+    returns the user outputs, :meth:`run_backward` resumes with the gradients
+    of those outputs and returns the requested gradients. An execution state
+    (:meth:`new_state`) carries the intermediate results from one call to the
+    other; use a new one for every batch.
+
+    Parameters
+    ----------
+    model_bytes : bytes
+        Serialized gradient graph, as built by ``OrtModuleGraphBuilder``.
+    fw_feed_names : list of str
+        Names of the graph inputs fed to the forward pass, in feeding order.
+    n_fw_outputs : int
+        Number of outputs of the forward pass: the user outputs plus the
+        entries of the graph's frontier node map.
+    bw_fetches_names : list of str
+        Names of the graph outputs fetched by the backward pass.
+    providers : list of str, default=("CPUExecutionProvider",)
+        Execution providers.
+    device_index : int, default=0
+        Device index for CUDA.
+    session_options : onnxruntime.SessionOptions, optional
+        Options of the underlying session.
+    """
+
+    def __init__(
+        self,
+        model_bytes: bytes,
+        fw_feed_names: Sequence[str],
+        n_fw_outputs: int,
+        bw_fetches_names: Sequence[str],
+        providers: Sequence[str] = ("CPUExecutionProvider",),
+        device_index: int = 0,
+        session_options: onnxruntime.SessionOptions | None = None,
+    ):
+        providers = list(providers)
+        self.session = onnxruntime.InferenceSession(
+            model_bytes, sess_options=session_options, providers=providers
+        )
+        device = ort_device(providers[0], device_index)
+        # One device per forward output: a wrong count aborts the process in
+        # C++, so the count is computed by the caller from the graph info.
+        self._fw_devices = [device] * int(n_fw_outputs)
+        self._bw_devices = [device] * len(bw_fetches_names)
+        self.fw_feed_names = list(fw_feed_names)
+        self.bw_fetches_names = list(bw_fetches_names)
+        self._agent = _C.TrainingAgent(
+            self.session._sess,
+            self.fw_feed_names,
+            self._fw_devices,
+            self.bw_fetches_names,
+            self._bw_devices,
+            0,
+        )
+
+    @staticmethod
+    def new_state():
+        """Return a new execution state, one per forward/backward pair."""
+        return _C.PartialGraphExecutionState()
+
+    def run_forward(self, feeds: Sequence[OrtValue], state) -> list[OrtValue]:
+        """Run the graph from its inputs up to the ``YieldOp``.
+
+        Parameters
+        ----------
+        feeds : list of OrtValue
+            One value per name of ``fw_feed_names``, in that order.
+        state : PartialGraphExecutionState
+            A state from :meth:`new_state`, later given to :meth:`run_backward`.
+
+        Returns
+        -------
+        list of OrtValue
+            The forward outputs (user outputs first).
+        """
+        if len(feeds) != len(self.fw_feed_names):
+            raise ValueError(
+                f"run_forward expects {len(self.fw_feed_names)} feeds "
+                f"({self.fw_feed_names}), got {len(feeds)}."
+            )
+        fetches = OrtValueVector()
+        self._agent.run_forward(_vector(feeds), fetches, state, _C.OrtValueCache())
+        return list(fetches)
+
+    def run_backward(self, grad_outputs: Sequence[OrtValue], state) -> list[OrtValue]:
+        """Resume the graph after the ``YieldOp`` and return the gradients.
+
+        Parameters
+        ----------
+        grad_outputs : list of OrtValue
+            Gradient of the objective with respect to each differentiable user
+            output of the forward pass.
+        state : PartialGraphExecutionState
+            The state given to :meth:`run_forward` for the same batch.
+
+        Returns
+        -------
+        list of OrtValue
+            One value per name of ``bw_fetches_names``.
+        """
+        fetches = OrtValueVector()
+        self._agent.run_backward(_vector(grad_outputs), fetches, state)
+        return list(fetches)
+
+
+class OrtGradientForwardBackward:
+    """Build the gradient graph of an ONNX model and run it on ``OrtValue`` objects.
+
+    ``OrtModuleGraphBuilder`` turns the listed initializers into graph inputs
+    and appends the backward graph. The resulting object offers three passes:
+
+    * :meth:`forward` (training): returns the user outputs and an execution
+      state to give to :meth:`backward`;
+    * :meth:`backward`: takes the gradient of the objective with respect to
+      each differentiable output, returns the gradients of the inputs listed in
+      ``input_names_require_grad`` followed by those of ``weights_to_train``;
+    * :meth:`forward_inference`: the forward graph alone, weights given as
+      inputs, nothing kept for a backward pass.
+
+    Parameters
+    ----------
+    onnx_model : onnx.ModelProto
+        The model. Its IR version and opsets are lowered to what the runtime
+        accepts (a copy is made).
+    weights_to_train : list of str
+        Float initializers to differentiate with respect to, in the order in
+        which they are fed and their gradients returned.
+    input_names_require_grad : list of str, default=()
+        Graph inputs whose gradients are wanted too.
+    device : str, default="cpu"
+        ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+    session_options : onnxruntime.SessionOptions, optional
+        Options for both sessions (threads, optimisation level).
+
+    Attributes
+    ----------
+    input_names : list of str
+        User inputs of the model, in feeding order.
+    output_names : list of str
+        User outputs of the model.
+    graph_info : GraphInfo
+        What the builder reports (frontier map, non-differentiable outputs...).
+    gradient_model : onnx.ModelProto
+        The forward and backward graph the training session runs.
+    forward_model : onnx.ModelProto
+        The forward graph with the weights as inputs.
+    differentiable_output_indices : list of int
+        Indices in ``output_names`` of the outputs :meth:`backward` needs a
+        gradient for.
+    """
+
+    def __init__(
+        self,
+        onnx_model: onnx.ModelProto,
+        weights_to_train: Sequence[str],
+        input_names_require_grad: Sequence[str] = (),
+        device: str = "cpu",
+        session_options: onnxruntime.SessionOptions | None = None,
+    ):
+        model = onnx.ModelProto()
+        model.CopyFrom(onnx_model)
+        pin_versions(model)
+        self.weights_to_train = list(weights_to_train)
+        self.input_names_require_grad = list(input_names_require_grad)
+        self.device = device
+        self.providers, self.device_index = device_to_providers(device)
+        self._check_weights(model)
+        initializer_names = [i.name for i in model.graph.initializer]
+        self.input_names = [i.name for i in model.graph.input if i.name not in initializer_names]
+        self.output_names = [o.name for o in model.graph.output]
+
+        config = _C.OrtModuleGraphBuilderConfiguration()
+        config.initializer_names = self.weights_to_train
+        config.initializer_names_to_train = self.weights_to_train
+        config.input_names_require_grad = self.input_names_require_grad
+        config.build_gradient_graph = True
+        config.enable_caching = False
+        config.loglevel = type(config.loglevel).ERROR
+        builder = _C.OrtModuleGraphBuilder()
+        logger.debug(
+            "building the gradient graph: inputs=%r outputs=%r weights=%r",
+            self.input_names,
+            self.output_names,
+            self.weights_to_train,
+        )
+        builder.initialize(model.SerializeToString(), config)
+        builder.build(_C.TrainingGraphTransformerConfiguration())
+        gradient_bytes = builder.get_gradient_model()
+        forward_bytes = builder.get_forward_model()
+        self.graph_info = builder.get_graph_info()
+        self.gradient_model = onnx.load_from_string(gradient_bytes)
+        rewritten = rewrite_relu_grad(self.gradient_model)
+        rewritten += rewrite_batch_sums(self.gradient_model)
+        if rewritten:
+            gradient_bytes = self.gradient_model.SerializeToString()
+        self.forward_model = onnx.load_from_string(forward_bytes)
+        self._name_unnamed_nodes(self.gradient_model)
+        self._name_unnamed_nodes(self.forward_model)
+
+        non_diff = set(self.graph_info.output_grad_indices_non_differentiable)
+        self.differentiable_output_indices = [
+            i for i in range(len(self.output_names)) if i not in non_diff
+        ]
+        grad_inputs = [i.name for i in self.gradient_model.graph.input]
+        bw_fetches = [o.name for o in self.gradient_model.graph.output]
+        n_fw_outputs = len(self.graph_info.user_output_names) + len(
+            self.graph_info.frontier_node_arg_map
+        )
+        expected = len(self.input_names_require_grad) + len(self.weights_to_train)
+        if len(bw_fetches) != expected:
+            raise RuntimeError(
+                f"the gradient graph returns {len(bw_fetches)} gradients, expected {expected} "
+                f"({self.input_names_require_grad + self.weights_to_train})."
+            )
+        self.agent = TrainingAgent(
+            gradient_bytes,
+            grad_inputs,
+            n_fw_outputs,
+            bw_fetches,
+            providers=self.providers,
+            device_index=self.device_index,
+            session_options=session_options,
+        )
+        self._n_user_outputs = len(self.graph_info.user_output_names)
+        self._forward_bytes = forward_bytes
+        self._session_options = session_options
+        self._eval_session = None
+        logger.debug(
+            "gradient graph built: %d nodes, %d forward outputs",
+            len(self.gradient_model.graph.node),
+            n_fw_outputs,
+        )
+
+    def _check_weights(self, model: onnx.ModelProto) -> None:
+        types = {i.name: i.data_type for i in model.graph.initializer}
+        if len(set(self.weights_to_train)) != len(self.weights_to_train):
+            raise ValueError(f"weights_to_train has duplicates: {self.weights_to_train}.")
+        for name in self.weights_to_train:
+            if name not in types:
+                raise ValueError(f"{name!r} is not an initializer of the model.")
+            if types[name] == TensorProto.DOUBLE:
+                raise ValueError(
+                    f"initializer {name!r} is float64: this runtime has no float64 "
+                    "gradient kernels, convert the model to float32."
+                )
+            if types[name] != TensorProto.FLOAT:
+                raise ValueError(
+                    f"initializer {name!r} is not a float32 tensor and cannot be trained."
+                )
+
+    @staticmethod
+    def _name_unnamed_nodes(model: onnx.ModelProto) -> None:
+        for i, node in enumerate(model.graph.node):
+            if not node.name:
+                node.name = f"N{i}"
+
+    def forward(self, inputs: Sequence[OrtValue], weights: Sequence[OrtValue]):
+        """Run the training forward pass.
+
+        Parameters
+        ----------
+        inputs : list of OrtValue
+            One value per name of ``input_names``.
+        weights : list of OrtValue
+            One value per name of ``weights_to_train``.
+
+        Returns
+        -------
+        outputs : list of OrtValue
+            One value per user output.
+        state : PartialGraphExecutionState
+            To give to :meth:`backward`.
+        """
+        if len(inputs) != len(self.input_names) or len(weights) != len(self.weights_to_train):
+            raise ValueError(
+                f"forward expects {len(self.input_names)} inputs and "
+                f"{len(self.weights_to_train)} weights, got {len(inputs)} and {len(weights)}."
+            )
+        state = self.agent.new_state()
+        outputs = self.agent.run_forward(list(inputs) + list(weights), state)
+        return outputs[: self._n_user_outputs], state
+
+    def backward(self, grad_outputs: Sequence[OrtValue], state) -> list[OrtValue]:
+        """Run the backward pass of the batch whose forward pass produced ``state``.
+
+        Parameters
+        ----------
+        grad_outputs : list of OrtValue
+            One value per index of ``differentiable_output_indices``.
+        state : PartialGraphExecutionState
+            Returned by :meth:`forward`; a state serves one backward pass.
+
+        Returns
+        -------
+        list of OrtValue
+            Gradients of ``input_names_require_grad`` then of ``weights_to_train``.
+        """
+        if len(grad_outputs) != len(self.differentiable_output_indices):
+            raise ValueError(
+                f"backward expects {len(self.differentiable_output_indices)} output "
+                f"gradients, got {len(grad_outputs)}."
+            )
+        return self.agent.run_backward(grad_outputs, state)
+
+    def forward_inference(
+        self, inputs: Sequence[OrtValue], weights: Sequence[OrtValue]
+    ) -> list[OrtValue]:
+        """Run the forward graph alone with the given weights.
+
+        Parameters
+        ----------
+        inputs : list of OrtValue
+            One value per name of ``input_names``.
+        weights : list of OrtValue
+            One value per name of ``weights_to_train``.
+
+        Returns
+        -------
+        list of OrtValue
+            One value per user output.
+        """
+        session = self.eval_session
+        names = [i.name for i in session.get_inputs()]
+        return run_with_ortvalues(session, names, list(inputs) + list(weights))
+
+    @property
+    def eval_session(self) -> onnxruntime.InferenceSession:
+        """Session on the forward graph with the weights as inputs (made on first use)."""
+        if self._eval_session is None:
+            self._eval_session = onnxruntime.InferenceSession(
+                self._forward_bytes, sess_options=self._session_options, providers=self.providers
+            )
+        return self._eval_session
+
+
+class AgentBackend(Backend):
+    """The training step on onnxruntime-training: forward, backward, then the update.
+
+    :class:`OrtGradientForwardBackward` runs forward and backward; the
+    optimizer's update graph runs in a second session. On CPU an element-wise
+    rule updates one flat vector per set of :class:`~onnxgrad_sklearn.runtime.DoubleBuffers`
+    (nothing allocated per batch, a free undo); otherwise each update returns
+    new values per weight. See :class:`~onnxgrad_sklearn.backends.Backend` for
+    the parameters.
+    """
+
+    name = "agent"
+
+    def __init__(self, training, model, output_name, weight_names, start, optimizer, **kwargs):
+        super().__init__(training, model, output_name, weight_names, start, optimizer, **kwargs)
+        self.forward_backward = OrtGradientForwardBackward(
+            training, self.weight_names, device=self.device, session_options=self.options
+        )
+        flat = self.device == "cpu" and optimizer.elementwise
+        update_model = optimizer.build_update_model(self.shapes, flat=flat)
+        # The update session runs on one thread: a second pool of threads competes
+        # with the training session's (docs/performance.md).
+        self._update = onnxruntime.InferenceSession(
+            update_model.SerializeToString(),
+            sess_options=self.update_options,
+            providers=self.providers,
+        )
+        self._update_inputs = [i.name for i in self._update.get_inputs()]
+        self._one = to_ortvalue(np.array(1.0, dtype=np.float32), self.device)
+        self._lr = to_ortvalue(np.array(0.0, dtype=np.float32), self.device)
+        self._previous = None
+        self._flat = None
+        if flat:
+            self._flat = DoubleBuffers(self.shapes, len(optimizer.state_names))
+            names = ["param", *optimizer.state_names]
+            vectors = self._flat.vectors
+            self._runs = [
+                BoundRun(
+                    self._update,
+                    {"learning_rate": self._lr, **dict(zip(names, vectors[p]))},
+                    {f"new_{n}": v for n, v in zip(names, vectors[1 - p])},
+                )
+                for p in (0, 1)
+            ]
+            self._grad_names = [f"grad_{i}" for i in range(len(self.shapes))]
+            self._flat.write(0, start)
+        else:
+            self._weights = [to_ortvalue(np.asarray(w, np.float32), self.device) for w in start]
+            self._state = [[] for _ in start]
+        self.reset_optimizer()
+
+    @property
+    def weights(self):
+        return self._flat.weights() if self._flat is not None else self._weights
+
+    @property
+    def state(self):
+        return self._flat.state() if self._flat is not None else self._state
+
+    def reset_optimizer(self) -> None:
+        if self._flat is None:
+            super().reset_optimizer()
+            return
+        self.step = 0
+        self._previous = None
+        # One weight at a time: no copy of all the weights and states at once.
+        for i in range(len(self.shapes)):
+            weight = self._flat.views[self._flat.current][0][i].copy()
+            initial = self.optimizer.init_state(weight)
+            for k, name in enumerate(self.optimizer.state_names):
+                self._flat.write(1 + k, [initial[name]], start=i)
+
+    def _load_state(self, per_weight) -> None:
+        if self._flat is not None:
+            for k in range(len(self.optimizer.state_names)):
+                self._flat.write(1 + k, [st[k] for st in per_weight])
+            return
+        self._state = [
+            [to_ortvalue(np.asarray(s, np.float32), self.device) for s in st] for st in per_weight
+        ]
+
+    def checkpoint(self):
+        """Return the current weights and optimizer state.
+
+        References to the runtime's values (no copy) when each update makes new
+        ones; a copy when the engine updates its buffers in turn.
+        """
+        if self._flat is not None:
+            return self._flat.copy(), None, self.step
+        return list(self._weights), [list(s) for s in self._state], self.step
+
+    def restore(self, checkpoint) -> None:
+        weights, state, step = checkpoint
+        self.step = step
+        self._previous = None
+        if self._flat is not None:
+            self._flat.load(weights)
+            return
+        self._weights, self._state = list(weights), [list(s) for s in state]
+
+    def undo_last_step(self) -> None:
+        previous, self._previous = self._previous, None
+        if previous is None:
+            return
+        if self._flat is not None:
+            self._flat.current, self.step = previous  # that set has not been written since
+        else:
+            self.restore(previous)
+
+    def set_weights(self, arrays) -> None:
+        self._previous = None
+        if self._flat is not None:
+            self._flat.write(0, arrays)
+            return
+        self._weights = [
+            to_ortvalue(np.asarray(a, dtype=np.float32).reshape(s), self.device)
+            for a, s in zip(arrays, self.shapes)
+        ]
+
+    def train_batch(self, X, y, sample_weight, learning_rate):
+        fb = self.forward_backward
+        outputs, state = fb.forward(
+            [self._feed(X), self._feed(y), self._feed(sample_weight)], self.weights
+        )
+        loss = float(outputs[0].numpy())
+        if not np.isfinite(loss):
+            return loss  # no update: the caller decides what to do
+        grads = fb.backward([self._one], state)
+        flat = self._flat
+        # What undo_last_step goes back to, without a copy: the update either
+        # returns new values (the previous ones stay valid) or writes the other
+        # set of buffers (the set it reads stays as it is until the next update).
+        self._previous = self.checkpoint() if flat is None else (flat.current, self.step)
+        self.step += 1
+        lr = self.optimizer.step_learning_rate(learning_rate, self.step)
+        self._lr.update_inplace(np.array(lr, dtype=np.float32))
+        if flat is not None:
+            self._runs[flat.current].run(dict(zip(self._grad_names, grads)))
+            flat.current = 1 - flat.current
+            return loss
+        feeds = [self._lr]
+        for w, gr, st in zip(self._weights, grads, self._state):
+            feeds.append(w)
+            feeds.append(gr)
+            feeds.extend(st)
+        results = run_with_ortvalues(self._update, self._update_inputs, feeds)
+        k = 1 + len(self.optimizer.state_names)
+        self._weights = [results[i * k] for i in range(len(self._weights))]
+        self._state = [results[i * k + 1 : (i + 1) * k] for i in range(len(self._weights))]
+        return loss
+
+    def _forward(self, X, y, sample_weight):
+        outputs, state = self.forward_backward.forward(
+            [self._feed(X), self._feed(y), self._feed(sample_weight)], self.weights
+        )
+        return float(outputs[0].numpy()), state
+
+    def loss(self, X, y, sample_weight):
+        return self._forward(X, y, sample_weight)[0]
+
+    def loss_and_gradients(self, X, y, sample_weight):
+        loss, state = self._forward(X, y, sample_weight)
+        grads = self.forward_backward.backward([self._one], state)
+        return loss, [g.numpy().copy() for g in grads]

@@ -1,0 +1,363 @@
+"""The standard-ONNX backend: onnx-ad gradient graphs on any onnxruntime.
+
+The gradient graph comes from ``onnx_ad.reverse`` (standard ONNX operators, no
+training kernels) on the training graph with the weights as inputs and the
+batch dimension fixed (one graph per batch size met, a handful in a fit). The
+passes of :mod:`onnxgrad_sklearn._passes` follow: the seed made a constant,
+nodes no output needs removed, seed-axis transposes made reshapes, batch sums
+made matrix products, and the optimizer's update rule merged in. One call of
+the session through IO binding then runs forward, loss, backward and update,
+reading one set of :class:`~onnxgrad_sklearn.runtime.DoubleBuffers` and writing
+another: nothing is allocated per batch and undoing the last step is free. Three
+sets are kept: the update is written before its loss is known, so a batch with a
+non-finite loss must not overwrite the set the undo goes back to.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import OrderedDict
+
+import numpy as np
+import onnx
+import onnx_ad
+import onnxruntime
+
+from .._passes import (
+    constant_input,
+    differentiated_nodes,
+    fix_dimension,
+    merge_update,
+    pin_versions,
+    prune,
+    rewrite_leading_sums,
+    rewrite_noop_expands,
+    rewrite_sigmoid_adjoints,
+    rewrite_unit_transposes,
+    static_shapes,
+)
+from ..runtime import BoundRun, DoubleBuffers, ortvalue_view, run_with_ortvalues
+from . import Backend, warn_zero_derivatives
+
+__all__ = ["StandardBackend", "gradient_graph", "step_graph", "unsupported_ops"]
+
+logger = logging.getLogger("onnxgrad_sklearn")
+
+BATCH = "batch"
+TARGETS = "targets"
+Y_TRUE = "y_true"
+LOSS = "loss"
+SEED = "adj_loss"
+#: Prefix of the update graph's names inside the fused graph.
+UPDATE = "update/"
+#: Graphs kept per kind (batch sizes); a fit meets one or two.
+_CACHED = 4
+
+
+def _weights_as_inputs(training, weight_names):
+    from ..engine import weights_as_inputs
+
+    return weights_as_inputs(training, weight_names)
+
+
+def gradient_graph(
+    graph: onnx.ModelProto, weight_names, batch: int, targets: int | None = None
+) -> onnx.ModelProto:
+    """Return the loss and its gradients (``adj_<weight>``, trailing seed axis of 1).
+
+    Parameters
+    ----------
+    graph : onnx.ModelProto
+        Training graph with the weights as inputs (not modified).
+    weight_names : list of str
+        Inputs to differentiate.
+    batch : int
+        Size given to the batch dimension.
+    targets : int, optional
+        Size given to the width of ``y_true`` where it is a symbol.
+
+    Raises
+    ------
+    ValueError
+        When onnx-ad has no rule for an operator on the differentiated path.
+    """
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(graph)
+    fix_dimension(fixed, BATCH, batch)
+    if targets is not None:
+        fix_dimension(fixed, TARGETS, targets)
+    try:
+        grad = onnx_ad.reverse(fixed, inputs=list(weight_names), outputs=[LOSS], layout="onnx")
+    except onnx_ad.UnsupportedOperator as exc:
+        raise ValueError(
+            f"backend='standard' cannot differentiate the training graph: onnx-ad "
+            f"{onnx_ad.__version__} says: {exc}. Write the loss or the model with other "
+            "operators, or try backend='agent'."
+        ) from exc
+    rewrite_sigmoid_adjoints(grad)
+    seed = next(i for i in grad.graph.input if i.name == SEED).type.tensor_type.elem_type
+    constant_input(grad, SEED, np.ones(1, dtype=onnx.helper.tensor_dtype_to_np_dtype(seed)))
+    fix_dimension(grad, "nadj", 1)
+    pin_versions(grad)
+    return grad
+
+
+def unsupported_ops(training: onnx.ModelProto, weight_names) -> list[str]:
+    """Operators on the differentiated path of ``training`` onnx-ad has no rule for.
+
+    Operators outside the default domain, and default-domain operators that have
+    neither a rule nor a function body in the ONNX specification (which onnx-ad
+    expands). Sorted, ``domain:op`` outside the default domain.
+    """
+    from onnx_ad import rules
+
+    found = set()
+    for node in differentiated_nodes(training, weight_names, LOSS):
+        if node.domain not in ("", "ai.onnx"):
+            found.add(f"{node.domain}:{node.op_type}")
+        elif node.op_type not in rules.REVERSE:
+            try:
+                schema = onnx.defs.get_schema(node.op_type)
+            except onnx.defs.SchemaError:
+                found.add(node.op_type)
+                continue
+            if not (schema.has_function or schema.has_context_dependent_function):
+                found.add(node.op_type)
+    return sorted(found)
+
+
+def _simplify(model: onnx.ModelProto) -> None:
+    prune(model)
+    shapes = static_shapes(model)
+    rewrite_unit_transposes(model, shapes)
+    rewrite_noop_expands(model, shapes)
+    rewrite_leading_sums(model)
+    for i, node in enumerate(model.graph.node):
+        if not node.name:
+            node.name = f"N{i}"
+
+
+def step_graph(
+    graph: onnx.ModelProto, weight_names, shapes, optimizer, batch: int, targets: int | None = None
+) -> tuple[onnx.ModelProto, bool]:
+    """Return the fused training step for one batch size, and whether it updates flat vectors.
+
+    Inputs: the batch, the weights (by name), ``update/learning_rate`` and the
+    optimizer state; for an element-wise rule ``update/param`` (all weights end
+    to end) and ``update/<state>`` vectors, else ``update/<state>_<i>`` per weight.
+    Outputs: ``loss`` and ``update/new_param`` / ``update/new_<state>`` (flat) or
+    ``update/new_param_<i>`` / ``update/new_<state>_<i>`` (per weight).
+    """
+    grad = gradient_graph(graph, weight_names, batch, targets)
+    adjoints = [o.name for o in grad.graph.output[1:]]
+    del grad.graph.output[1:]
+    flat = bool(optimizer.elementwise)
+    update = optimizer.build_update_model(shapes, flat=flat)
+    if flat:
+        # the flat rule reshapes each gradient to a vector itself
+        connect = {f"grad_{i}": a for i, a in enumerate(adjoints)}
+    else:
+        connect = {}
+        for i, (a, shape) in enumerate(zip(adjoints, shapes)):
+            target = f"{a}_shape"
+            grad.graph.initializer.append(
+                onnx.numpy_helper.from_array(np.array(shape, dtype=np.int64), target)
+            )
+            grad.graph.node.append(onnx.helper.make_node("Reshape", [a, target], [f"{a}_w"]))
+            connect[f"grad_{i}"] = f"{a}_w"
+            connect[f"param_{i}"] = weight_names[i]
+    merge_update(grad, update, connect, prefix=UPDATE)
+    _simplify(grad)
+    return grad, flat
+
+
+class StandardBackend(Backend):
+    """The training step in one ``InferenceSession`` call: forward, loss, backward, update.
+
+    See :class:`~onnxgrad_sklearn.backends.Backend` for the parameters. CPU only
+    in this version.
+    """
+
+    name = "standard"
+
+    def __init__(self, training, model, output_name, weight_names, start, optimizer, **kwargs):
+        super().__init__(training, model, output_name, weight_names, start, optimizer, **kwargs)
+        if self.providers[0] != "CPUExecutionProvider":
+            raise ValueError(
+                f"backend='standard' runs on the CPU only in this version, got device="
+                f"{self.device!r}: use device='cpu', or backend='agent'."
+            )
+        self.training_model = pin_versions(_weights_as_inputs(training, self.weight_names))
+        # The width of the targets is taken from the batches (the classifier's binary
+        # targets have two columns for one logit), like the batch size.
+        for info in self.training_model.graph.input:
+            if info.name == Y_TRUE:
+                info.type.tensor_type.shape.dim[1].dim_param = TARGETS
+        weights = set(self.weight_names)
+        self.input_names = [
+            i.name for i in self.training_model.graph.input if i.name not in weights
+        ]
+        unsupported = unsupported_ops(training, self.weight_names)
+        if unsupported:
+            raise ValueError(
+                f"backend='standard' cannot differentiate the operator(s) {unsupported} of "
+                f"the training graph: onnx-ad {onnx_ad.__version__} has no rule for them. "
+                "Write the loss or the model with other operators, or try backend='agent' "
+                "(see docs/how_it_works.md for what each backend differentiates)."
+            )
+        gradient_graph(
+            self.training_model, self.weight_names, 1, 1
+        )  # refuses what onnx-ad cannot do
+        warn_zero_derivatives(training, self.weight_names)
+        self._buffers = DoubleBuffers(self.shapes, len(optimizer.state_names), n_sets=3)
+        self._buffers.write(0, start)
+        self._lr_array = np.zeros((), dtype=np.float32)
+        self._lr = ortvalue_view(self._lr_array)
+        self._loss_array = np.zeros((), dtype=np.float32)
+        self._loss = ortvalue_view(self._loss_array)
+        self._steps: OrderedDict = OrderedDict()  # batch size -> (run of set 0, run of set 1)
+        self._gradients: OrderedDict = OrderedDict()  # batch size -> session
+        self._forward = None
+        self._previous = None
+        self.reset_optimizer()
+
+    # storage -------------------------------------------------------------
+    @property
+    def weights(self):
+        return self._buffers.weights()
+
+    @property
+    def state(self):
+        return self._buffers.state()
+
+    def _load_state(self, per_weight) -> None:
+        for k in range(len(self.optimizer.state_names)):
+            self._buffers.write(1 + k, [st[k] for st in per_weight])
+
+    def checkpoint(self):
+        """Return a copy of the current weights and optimizer state."""
+        return self._buffers.copy(), None, self.step
+
+    def restore(self, checkpoint) -> None:
+        vectors, _, step = checkpoint
+        self.step = step
+        self._previous = None
+        self._buffers.load(vectors)
+
+    def undo_last_step(self) -> None:
+        previous, self._previous = self._previous, None
+        if previous is not None:
+            self._buffers.current, self.step = previous  # that set is untouched since
+
+    def set_weights(self, arrays) -> None:
+        self._previous = None
+        self._buffers.write(0, arrays)
+
+    # sessions --------------------------------------------------------------
+    def _session(self, model: onnx.ModelProto) -> onnxruntime.InferenceSession:
+        return onnxruntime.InferenceSession(
+            model.SerializeToString(), sess_options=self.options, providers=self.providers
+        )
+
+    @staticmethod
+    def _cached(cache: OrderedDict, key, make):
+        if key in cache:
+            cache.move_to_end(key)
+            return cache[key]
+        value = cache[key] = make()
+        while len(cache) > _CACHED:
+            cache.popitem(last=False)
+        return value
+
+    def _make_step(self, batch: int, targets: int):
+        model, flat = step_graph(
+            self.training_model, self.weight_names, self.shapes, self.optimizer, batch, targets
+        )
+        logger.debug(
+            "standard backend: step graph for batch %d, %d nodes", batch, len(model.graph.node)
+        )
+        session = self._session(model)
+        b = self._buffers
+        names = self.optimizer.state_names
+        runs = {}
+        for p, q in itertools.permutations(range(3), 2):  # read set p, write set q
+            inputs = {UPDATE + "learning_rate": self._lr}
+            inputs.update(zip(self.weight_names, b.tensors[p][0]))
+            outputs = {LOSS: self._loss}
+            if flat:
+                inputs[UPDATE + "param"] = b.vectors[p][0]
+                outputs[UPDATE + "new_param"] = b.vectors[q][0]
+                for k, name in enumerate(names):
+                    inputs[UPDATE + name] = b.vectors[p][1 + k]
+                    outputs[UPDATE + f"new_{name}"] = b.vectors[q][1 + k]
+            else:
+                for i in range(len(self.shapes)):
+                    outputs[UPDATE + f"new_param_{i}"] = b.tensors[q][0][i]
+                    for k, name in enumerate(names):
+                        inputs[UPDATE + f"{name}_{i}"] = b.tensors[p][1 + k][i]
+                        outputs[UPDATE + f"new_{name}_{i}"] = b.tensors[q][1 + k][i]
+            runs[p, q] = BoundRun(session, inputs, outputs)
+        return runs
+
+    def _make_gradients(self, batch: int, targets: int):
+        model = gradient_graph(self.training_model, self.weight_names, batch, targets)
+        for out, shape in zip(model.graph.output[1:], self.shapes):
+            dims = out.type.tensor_type.shape.dim
+            del dims[len(shape) :]  # the seed axis, squeezed below
+            target = f"{out.name}_shape"
+            model.graph.initializer.append(
+                onnx.numpy_helper.from_array(np.array(shape, dtype=np.int64), target)
+            )
+            node = next(n for n in model.graph.node if out.name in n.output)
+            node.output[list(node.output).index(out.name)] = out.name + "_seeded"
+            model.graph.node.append(
+                onnx.helper.make_node("Reshape", [out.name + "_seeded", target], [out.name])
+            )
+        _simplify(model)
+        return self._session(model)
+
+    def _feeds(self, X, y, sample_weight):
+        X = np.ascontiguousarray(X, dtype=np.float32)
+        y = np.ascontiguousarray(np.reshape(y, (X.shape[0], -1)), dtype=np.float32)
+        if sample_weight is None:
+            sample_weight = np.ones(X.shape[0], dtype=np.float32)
+        sample_weight = np.ascontiguousarray(sample_weight, dtype=np.float32)
+        return X, y, sample_weight
+
+    # passes ------------------------------------------------------------------
+    def train_batch(self, X, y, sample_weight, learning_rate):
+        key = X.shape[0], y.shape[1]
+        runs = self._cached(self._steps, key, lambda: self._make_step(*key))
+        b = self._buffers
+        # the set written: neither the current one nor the one undo goes back to
+        before = self._previous[0] if self._previous is not None else (b.current + 2) % 3
+        target = 3 - b.current - before
+        self._lr_array[...] = self.optimizer.step_learning_rate(learning_rate, self.step + 1)
+        runs[b.current, target].run(
+            dict(zip(self.input_names, (self._feed(X), self._feed(y), self._feed(sample_weight))))
+        )
+        loss = float(self._loss_array)
+        if not np.isfinite(loss):
+            return loss  # the other set holds what the update made of it: not used
+        self._previous = (b.current, self.step)
+        self.step += 1
+        b.current = target
+        return loss
+
+    def loss(self, X, y, sample_weight):
+        if self._forward is None:
+            self._forward = self._session(self.training_model)
+        arrays = self._feeds(X, y, sample_weight)
+        feeds = [self._feed(a) for a in arrays] + list(self.weights)
+        names = self.input_names + self.weight_names
+        return float(run_with_ortvalues(self._forward, names, feeds, [LOSS])[0].numpy())
+
+    def loss_and_gradients(self, X, y, sample_weight):
+        arrays = self._feeds(X, y, sample_weight)
+        key = arrays[0].shape[0], arrays[1].shape[1]
+        session = self._cached(self._gradients, key, lambda: self._make_gradients(*key))
+        feeds = [self._feed(a) for a in arrays] + list(self.weights)
+        names = self.input_names + self.weight_names
+        out = run_with_ortvalues(session, names, feeds)
+        return float(out[0].numpy()), [g.numpy().copy() for g in out[1:]]

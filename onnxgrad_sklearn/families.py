@@ -1,0 +1,671 @@
+"""The model families the estimators train: one entry per family, in one registry.
+
+A *family* says everything the package needs to know about a kind of
+scikit-learn model:
+
+* its task (regression or classification) and its parameters (:class:`ParamRef`);
+* how an unfitted model gets initial weights;
+* the model whose graph is trained (``trained_view``): the template itself, or
+  a regressor giving its raw scores (the logits of a classifier, the linear
+  predictor of a GLM), sharing its arrays;
+* the template's own objective: its default loss (with the template's
+  ``quantile``, ``epsilon``, ``power``, ``link``), its ``class_weight``, and
+  whether it gives probabilities;
+* the default solver of ``optimizer="auto"`` (Adam for MLPs and the SGD
+  family, full-batch L-BFGS for the other linear models and GLMs);
+* which of the template's settings carry over, and for the others the
+  estimator parameter that reproduces them (:func:`dropped_settings`);
+* export fix-ups (skl2onnx options).
+
+Adding a family is adding an entry to the registry (:func:`families`); see
+docs/extending.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from sklearn.base import is_classifier
+
+__all__ = ["Family", "ParamRef", "dropped_settings", "families", "family_of", "supported_names"]
+
+# Settings that never change what is trained (resources, logging).
+_NEUTRAL = {"verbose", "n_jobs", "copy_X", "precompute", "selection", "dual"}
+
+
+@dataclass(frozen=True)
+class ParamRef:
+    """Where one parameter lives in the final model.
+
+    Attributes
+    ----------
+    attr : str
+        Attribute name (``coefs_``, ``coef_``...).
+    index : int or None
+        Position in the attribute when it is a list (MLP layers), else None.
+    penalized : bool
+        Whether ``alpha``/``l1_ratio`` penalise it (weight matrices, not biases).
+    trainable : bool
+        Whether it is trained (an intercept with ``fit_intercept=False`` is not).
+    """
+
+    attr: str
+    index: int | None
+    penalized: bool
+    trainable: bool = True
+
+    @property
+    def label(self) -> str:
+        """Readable name, such as ``coefs_[1]``."""
+        return self.attr if self.index is None else f"{self.attr}[{self.index}]"
+
+    def get(self, est) -> np.ndarray:
+        """Return the parameter's value in ``est``."""
+        value = getattr(est, self.attr)
+        return np.asarray(value if self.index is None else value[self.index])
+
+    def set(self, est, value) -> None:
+        """Store ``value`` as the parameter of ``est`` (keeping its type and shape)."""
+        if self.index is None:
+            old = getattr(est, self.attr)
+            if np.ndim(old) == 0:
+                value = np.float64(np.asarray(value).reshape(()))
+            setattr(est, self.attr, value)
+        else:
+            getattr(est, self.attr)[self.index] = value
+
+
+class Family:
+    """What the package knows of one family of scikit-learn models.
+
+    Subclasses set the class attributes and override the methods that differ.
+
+    Attributes
+    ----------
+    kind : {"linear", "mlp"}
+        How the parameters are laid out.
+    task : {"regression", "classification"}
+        What the model predicts.
+    solver : {"adam", "lbfgs"}
+        What ``optimizer="auto"`` trains it with.
+    carried : set of str
+        Template parameters that carry over (structure and objective).
+    """
+
+    kind = "base"
+    task = "regression"
+    solver = "lbfgs"
+    carried: frozenset = frozenset({"fit_intercept"})
+
+    # parameters ---------------------------------------------------------
+    def params(self, est) -> list[ParamRef]:
+        """Return the parameters of ``est``, in the order they are trained."""
+        raise NotImplementedError
+
+    def initialize(self, est, n_features: int, n_outputs: int, rng) -> None:
+        """Give an unfitted ``est`` initial parameters for ``n_outputs`` outputs."""
+        raise NotImplementedError
+
+    def marker_shapes(self, values):
+        """Shapes of the markers the template is converted with (default: the real ones)."""
+        return [np.shape(v) for v in values]
+
+    def trained_view(self, est):
+        """Return the model whose graph is trained, sharing ``est``'s arrays.
+
+        ``None`` when it is ``est`` itself.
+        """
+        return None
+
+    # objective ----------------------------------------------------------
+    def loss(self, est):
+        """Return the loss (name or object) that is the template's own objective."""
+        return "squared_error"
+
+    def class_weight(self, est):
+        """Return the template's class weights (None when it has none)."""
+        return getattr(est, "class_weight", None)
+
+    def gives_proba(self, est) -> bool:
+        """Whether the fitted template has ``predict_proba``."""
+        return False
+
+    def signed_targets(self, est) -> bool:
+        """Whether a classifier's targets are -1/+1 columns of a squared error (ridge)."""
+        return False
+
+    def check(self, est) -> None:
+        """Raise a ValueError when a setting of ``est`` cannot be trained."""
+
+    # export ------------------------------------------------------------
+    black_op = frozenset({"LinearRegressor", "LinearClassifier", "Scaler"})
+
+    def export_options(self, est) -> dict:
+        """skl2onnx options of the exported model."""
+        return {"zipmap": False} if is_classifier(est) else {}
+
+    # settings that do not carry over ------------------------------------
+    def conversion(self, name: str, value, est, n_samples: int) -> str | None:
+        """Return how to reproduce the template setting ``name=value``, or None."""
+        return _SAME_NAME.get(name)
+
+
+# Estimator parameters of the same name and meaning as the template's.
+_SAME_NAME = {
+    name: f"{name}={{value!r}}"
+    for name in (
+        "learning_rate_init",
+        "power_t",
+        "batch_size",
+        "max_iter",
+        "shuffle",
+        "random_state",
+        "tol",
+        "n_iter_no_change",
+        "early_stopping",
+        "validation_fraction",
+        "warm_start",
+    )
+}
+
+
+def _penalty_advice(alpha, l1_ratio=0.0, why=""):
+    alpha = float(f"{alpha:.6g}")
+    ratio = f", l1_ratio={l1_ratio!r}" if l1_ratio else ""
+    return f"alpha={alpha!r}{ratio} ({why}; exact at full batch, as with optimizer='lbfgs')"
+
+
+class _LinearFamily(Family):
+    """Linear models: ``X @ coef_.T + intercept_``, zeros at the start."""
+
+    kind = "linear"
+
+    def params(self, est):
+        return [
+            ParamRef("coef_", None, True),
+            ParamRef("intercept_", None, False, bool(getattr(est, "fit_intercept", True))),
+        ]
+
+    def initialize(self, est, n_features, n_outputs, rng):
+        single = n_outputs == 1
+        est.n_features_in_ = n_features
+        if is_classifier(est):
+            est.coef_ = np.zeros((n_outputs, n_features))
+            est.intercept_ = np.zeros(n_outputs)
+        else:
+            est.coef_ = np.zeros(n_features) if single else np.zeros((n_outputs, n_features))
+            est.intercept_ = np.float64(0.0) if single else np.zeros(n_outputs)
+
+    def _linear_view(self, est):
+        from sklearn.linear_model import LinearRegression
+
+        reg = LinearRegression(fit_intercept=bool(getattr(est, "fit_intercept", True)))
+        reg.coef_ = est.coef_
+        reg.intercept_ = est.intercept_
+        reg.n_features_in_ = est.n_features_in_
+        return reg
+
+
+class _LeastSquares(_LinearFamily):
+    """LinearRegression, Ridge, Lasso, ElasticNet and the other least-squares fits."""
+
+    def conversion(self, name, value, est, n_samples):
+        cls = type(est).__name__
+        if name == "alpha" and cls.startswith("Ridge"):
+            return _penalty_advice(value, 0.0, f"{cls}'s alpha is this alpha")
+        if name in ("alpha", "l1_ratio") and cls in ("Lasso", "ElasticNet", "LassoLars"):
+            ratio = 1.0 if cls.startswith("Lasso") else float(est.l1_ratio)
+            return _penalty_advice(
+                est.alpha * n_samples, ratio, f"{cls}'s alpha times n_samples={n_samples}"
+            )
+        return None
+
+
+class _SGDRegressor(_LinearFamily):
+    solver = "adam"
+    carried = frozenset({"fit_intercept", "loss", "epsilon"})
+
+    def loss(self, est):
+        from . import losses
+
+        if est.loss == "squared_error":
+            return losses.SquaredError()
+        if est.loss == "huber":
+            return losses.Huber(epsilon=est.epsilon)
+        return losses.get_loss(est.loss).set_params(epsilon=est.epsilon)
+
+    def initialize(self, est, n_features, n_outputs, rng):
+        if n_outputs != 1:
+            raise ValueError(
+                "SGDRegressor has a single output; use LinearRegression or MLPRegressor as "
+                "template for a 2-D y."
+            )
+        est.n_features_in_ = n_features
+        est.coef_ = np.zeros(n_features)
+        est.intercept_ = np.zeros(1)
+
+    def conversion(self, name, value, est, n_samples):
+        return _sgd_conversion(name, value, est, n_samples)
+
+
+def _sgd_conversion(name, value, est, n_samples):
+    if name in ("alpha", "penalty", "l1_ratio"):
+        ratio = {"l2": 0.0, "l1": 1.0, "elasticnet": float(est.l1_ratio)}.get(est.penalty, 0.0)
+        if est.penalty is None:
+            return "alpha=0.0 (no penalty)"
+        return _penalty_advice(
+            est.alpha * n_samples, ratio, f"{type(est).__name__}'s alpha times n_samples"
+        )
+    if name == "eta0":
+        return "learning_rate_init= (the step size of the estimator's optimizer)"
+    return _SAME_NAME.get(name)
+
+
+class _HuberRegressor(_LinearFamily):
+    carried = frozenset({"fit_intercept", "epsilon"})
+
+    def loss(self, est):
+        from . import losses
+
+        return losses.Huber(epsilon=est.epsilon)
+
+    def conversion(self, name, value, est, n_samples):
+        if name == "alpha":
+            return _penalty_advice(2 * value, 0.0, "twice HuberRegressor's alpha")
+        return None
+
+
+class _QuantileRegressor(_LinearFamily):
+    carried = frozenset({"fit_intercept", "quantile"})
+
+    def loss(self, est):
+        from . import losses
+
+        return losses.Quantile(quantile=est.quantile)
+
+    def conversion(self, name, value, est, n_samples):
+        if name == "alpha":
+            return _penalty_advice(
+                value * n_samples, 1.0, f"QuantileRegressor's alpha times n_samples={n_samples}"
+            )
+        return None
+
+
+def _c_advice(est):
+    return _penalty_advice(1.0 / est.C, 0.0, f"alpha = 1 / C for {type(est).__name__}")
+
+
+class _LinearSVR(_LinearFamily):
+    carried = frozenset({"fit_intercept", "loss", "epsilon"})
+
+    def loss(self, est):
+        from . import losses
+
+        return losses.get_loss(est.loss).set_params(epsilon=est.epsilon)
+
+    def conversion(self, name, value, est, n_samples):
+        if name == "C":
+            return _c_advice(est) + "; liblinear also penalises the intercept, this does not"
+        return None
+
+
+class _GLM(_LinearFamily):
+    """PoissonRegressor, GammaRegressor, TweedieRegressor: deviance of a linear predictor."""
+
+    carried = frozenset({"fit_intercept", "power", "link"})
+
+    def trained_view(self, est):
+        return self._linear_view(est)
+
+    def initialize(self, est, n_features, n_outputs, rng):
+        super().initialize(est, n_features, n_outputs, rng)
+        est._base_loss = est._get_loss()  # what predict reads (loss and link)
+
+    def link(self, est) -> str:
+        name = type(est).__name__
+        if name == "TweedieRegressor":
+            if est.link == "auto":
+                return "identity" if est.power <= 0 else "log"
+            return est.link
+        return "log"
+
+    def loss(self, est):
+        from . import losses
+
+        name = {
+            "PoissonRegressor": "poisson",
+            "GammaRegressor": "gamma",
+            "TweedieRegressor": "tweedie",
+        }[type(est).__name__]
+        loss = losses.get_loss(name).set_params(link=self.link(est))
+        if name == "tweedie":
+            loss.set_params(power=est.power)
+        return loss
+
+    def conversion(self, name, value, est, n_samples):
+        if name == "alpha":
+            return _penalty_advice(
+                value * n_samples, 0.0, f"{type(est).__name__}'s alpha times n_samples"
+            )
+        return None
+
+
+class _LinearClassifier(_LinearFamily):
+    """Linear classifiers: the logits ``X @ coef_.T + intercept_`` are trained."""
+
+    task = "classification"
+    carried = frozenset({"fit_intercept", "class_weight"})
+
+    def trained_view(self, est):
+        return self._linear_view(est)
+
+
+class _LogisticRegression(_LinearClassifier):
+    def loss(self, est):
+        return "log_loss"
+
+    def gives_proba(self, est):
+        return True
+
+    def conversion(self, name, value, est, n_samples):
+        if name == "C":
+            return _c_advice(est)
+        if name == "l1_ratio":
+            return _penalty_advice(1.0 / est.C, value, "alpha = 1 / C, the same l1_ratio")
+        return None
+
+
+class _SGDClassifier(_LinearClassifier):
+    solver = "adam"
+    carried = frozenset({"fit_intercept", "class_weight", "loss", "epsilon"})
+    _LOSSES = ("log_loss", "hinge", "modified_huber", "squared_hinge", "perceptron")
+
+    def check(self, est):
+        if est.loss not in self._LOSSES:
+            raise ValueError(
+                f"SGDClassifier(loss={est.loss!r}) is not supported as a template: use one of "
+                f"{', '.join(self._LOSSES)}."
+            )
+
+    def loss(self, est):
+        return "log_loss" if est.loss == "log_loss" else est.loss
+
+    def gives_proba(self, est):
+        return est.loss in ("log_loss", "modified_huber")
+
+    def conversion(self, name, value, est, n_samples):
+        return _sgd_conversion(name, value, est, n_samples)
+
+
+class _Perceptron(_SGDClassifier):
+    carried = frozenset({"fit_intercept", "class_weight"})
+
+    def check(self, est):
+        pass
+
+    def loss(self, est):
+        return "perceptron"
+
+    def gives_proba(self, est):
+        return False
+
+
+class _LinearSVC(_LinearClassifier):
+    carried = frozenset({"fit_intercept", "class_weight", "loss", "multi_class"})
+    black_op = frozenset({"LinearRegressor", "Scaler"})
+
+    def check(self, est):
+        if est.multi_class != "ovr":
+            raise ValueError(
+                f"LinearSVC(multi_class={est.multi_class!r}) is not supported: use "
+                "multi_class='ovr' (one-vs-rest)."
+            )
+        if est.penalty != "l2":
+            raise ValueError(
+                f"LinearSVC(penalty={est.penalty!r}) is not supported: use penalty='l2' and "
+                "the estimator's alpha and l1_ratio for the penalty."
+            )
+
+    def loss(self, est):
+        return est.loss
+
+    def export_options(self, est):
+        return {}
+
+    def conversion(self, name, value, est, n_samples):
+        if name == "C":
+            return _c_advice(est) + "; liblinear also penalises the intercept, this does not"
+        return None
+
+
+class _RidgeClassifier(_LinearClassifier):
+    black_op = frozenset({"LinearRegressor", "Scaler"})
+
+    def loss(self, est):
+        return "squared_error"
+
+    def signed_targets(self, est):
+        return True
+
+    def export_options(self, est):
+        return {}
+
+    def initialize(self, est, n_features, n_outputs, rng):
+        super().initialize(est, n_features, n_outputs, rng)
+
+    def conversion(self, name, value, est, n_samples):
+        if name == "alpha":
+            return _penalty_advice(value, 0.0, "RidgeClassifier's alpha is this alpha")
+        return None
+
+
+class _MLPFamily(Family):
+    """MLPRegressor and MLPClassifier: ``coefs_`` and ``intercepts_`` of every layer."""
+
+    kind = "mlp"
+    solver = "adam"
+    carried = frozenset({"hidden_layer_sizes", "activation", "loss"})
+
+    def marker_shapes(self, values):
+        # Hidden layers of 2, 3, 4... units: distinct, so every dimension of a
+        # marker tells which dimension of the real array it stands for.
+        n = len(values) // 2
+        sizes = [values[0].shape[0]] + [k + 2 for k in range(n - 1)] + [values[n - 1].shape[1]]
+        coefs = [(sizes[k], sizes[k + 1]) for k in range(n)]
+        return coefs + [(sizes[k + 1],) for k in range(n)]
+
+    def params(self, est):
+        n = len(est.coefs_)
+        return [ParamRef("coefs_", i, True) for i in range(n)] + [
+            ParamRef("intercepts_", i, False) for i in range(n)
+        ]
+
+    def initialize(self, est, n_features, n_outputs, rng):
+        hidden = est.hidden_layer_sizes
+        if not hasattr(hidden, "__iter__"):
+            hidden = [hidden]
+        hidden = list(hidden)
+        if any(int(h) <= 0 for h in hidden):
+            raise ValueError(f"hidden_layer_sizes must be > 0, got {hidden}.")
+        units = [n_features, *hidden, n_outputs]
+        # Same draws, in the same order, as MLPRegressor._init_coef, kept in
+        # float32 as MLPRegressor does for float32 data (the weights are trained in float32).
+        factor = 2.0 if est.activation == "logistic" else 6.0
+        est.coefs_, est.intercepts_ = [], []
+        for fan_in, fan_out in zip(units[:-1], units[1:]):
+            bound = np.sqrt(factor / (fan_in + fan_out))
+            est.coefs_.append(rng.uniform(-bound, bound, (fan_in, fan_out)).astype(np.float32))
+            est.intercepts_.append(rng.uniform(-bound, bound, fan_out).astype(np.float32))
+        est.n_features_in_ = n_features
+        est.n_outputs_ = n_outputs
+        est.n_layers_ = len(units)
+        # What MLPRegressor._initialize sets, so that estimator_ can go on with
+        # scikit-learn's own partial_fit.
+        est.n_iter_ = 0
+        est.t_ = 0
+        est.loss_curve_ = []
+        est._no_improvement_count = 0
+        est.best_loss_ = np.inf
+        est.validation_scores_ = None
+        est.best_validation_score_ = None
+        est._random_state = rng
+        est._best_coefs = [c.copy() for c in est.coefs_]
+        est._best_intercepts = [i.copy() for i in est.intercepts_]
+        if not is_classifier(est):
+            est.out_activation_ = "identity"
+
+    def conversion(self, name, value, est, n_samples):
+        if name == "alpha":
+            return "alpha={value!r} (the same penalty)"
+        if name == "solver":
+            return "optimizer={value!r}" if value in ("sgd", "adam", "lbfgs") else None
+        if name == "learning_rate":
+            return "learning_rate={value!r}"
+        if name in ("momentum", "nesterovs_momentum"):
+            return "optimizer=Nesterov(momentum=...) or Momentum(momentum=...)"
+        if name in ("beta_1", "beta_2", "epsilon"):
+            return f"optimizer=Adam({name}={{value!r}})"
+        if name == "max_fun":
+            return "optimizer=LBFGS(max_fun={value!r})"
+        return _SAME_NAME.get(name)
+
+
+class _MLPRegressor(_MLPFamily):
+    def check(self, est):
+        if getattr(est, "loss", "squared_error") != "squared_error":
+            raise ValueError(
+                f"MLPRegressor(loss={est.loss!r}) is not supported as a template yet: use "
+                "loss='squared_error' in the template and the estimator's loss= parameter."
+            )
+
+
+class _MLPClassifier(_MLPFamily):
+    task = "classification"
+
+    def loss(self, est):
+        return "log_loss"
+
+    def gives_proba(self, est):
+        return True
+
+    def trained_view(self, est):
+        from sklearn.neural_network import MLPRegressor
+
+        reg = MLPRegressor(hidden_layer_sizes=est.hidden_layer_sizes, activation=est.activation)
+        for attr in ("coefs_", "intercepts_", "n_features_in_", "n_layers_", "n_outputs_"):
+            setattr(reg, attr, getattr(est, attr))
+        reg.out_activation_ = "identity"
+        return reg
+
+
+def _registry() -> dict[type, Family]:
+    from sklearn import linear_model as lm
+    from sklearn import neural_network as nn
+    from sklearn import svm
+
+    least_squares = _LeastSquares()
+    entries = {
+        nn.MLPRegressor: _MLPRegressor(),
+        nn.MLPClassifier: _MLPClassifier(),
+        lm.SGDRegressor: _SGDRegressor(),
+        lm.HuberRegressor: _HuberRegressor(),
+        lm.QuantileRegressor: _QuantileRegressor(),
+        svm.LinearSVR: _LinearSVR(),
+        lm.PoissonRegressor: _GLM(),
+        lm.GammaRegressor: _GLM(),
+        lm.TweedieRegressor: _GLM(),
+        lm.LogisticRegression: _LogisticRegression(),
+        lm.LogisticRegressionCV: _LogisticRegression(),
+        lm.SGDClassifier: _SGDClassifier(),
+        lm.Perceptron: _Perceptron(),
+        svm.LinearSVC: _LinearSVC(),
+        lm.RidgeClassifier: _RidgeClassifier(),
+        lm.RidgeClassifierCV: _RidgeClassifier(),
+    }
+    for name in (
+        "LinearRegression",
+        "Ridge",
+        "RidgeCV",
+        "Lasso",
+        "LassoCV",
+        "ElasticNet",
+        "ElasticNetCV",
+        "Lars",
+        "LarsCV",
+        "LassoLars",
+        "LassoLarsCV",
+        "LassoLarsIC",
+        "OrthogonalMatchingPursuit",
+        "BayesianRidge",
+        "ARDRegression",
+        "TheilSenRegressor",
+    ):
+        entries[getattr(lm, name)] = least_squares
+    return entries
+
+
+_FAMILIES: dict[type, Family] | None = None
+
+
+def families() -> dict[type, Family]:
+    """Return the registry: scikit-learn class -> :class:`Family`."""
+    global _FAMILIES
+    if _FAMILIES is None:
+        _FAMILIES = _registry()
+    return _FAMILIES
+
+
+def family_of(est) -> Family | None:
+    """Return the family of ``est`` (an exact registered class), or None."""
+    return families().get(type(est))
+
+
+def supported_names(task: str | None = None) -> list[str]:
+    """Names of the supported classes, for one task or all."""
+    return sorted(
+        cls.__name__ for cls, fam in families().items() if task is None or fam.task == task
+    )
+
+
+def dropped_settings(est, n_samples: int) -> list[str]:
+    """Describe each setting of ``est`` that differs from its default and does not carry over.
+
+    Parameters
+    ----------
+    est : estimator
+        The final model of the template.
+    n_samples : int
+        Rows of the training data (some conversions depend on it).
+
+    Returns
+    -------
+    list of str
+        One line per setting: ``"C=0.1: set alpha=10.0 (...)"`` or
+        ``"solver='sgd': not used"``.
+    """
+    family = family_of(est)
+    if family is None:
+        return []
+    try:
+        defaults = type(est)().get_params(deep=False)
+    except Exception:  # a class whose defaults cannot be built: nothing to compare
+        return []
+    lines = []
+    for name, value in est.get_params(deep=False).items():
+        if name in family.carried or name in _NEUTRAL or name not in defaults:
+            continue
+        default = defaults[name]
+        try:
+            same = bool(value == default) if not isinstance(value, np.ndarray) else False
+        except Exception:
+            same = False
+        if same:
+            continue
+        advice = family.conversion(name, value, est, n_samples) or _SAME_NAME.get(name)
+        setting = f"{name}={value!r}"
+        if advice is None:
+            lines.append(f"{setting}: not used")
+        else:
+            lines.append(f"{setting}: set {advice.format(value=value)} on the estimator")
+    return lines

@@ -1,0 +1,296 @@
+"""The two backends behind one interface: choice, refusals, warnings, same training."""
+
+import logging
+import pickle
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import LinearRegression
+from sklearn.neural_network import MLPClassifier, MLPRegressor
+
+from onnxgrad_sklearn import ConvergenceError, OrtGradientClassifier, OrtGradientRegressor
+from onnxgrad_sklearn import backends as backends_module
+from onnxgrad_sklearn.backends import agent_available
+from onnxgrad_sklearn.engine import TrainingEngine
+from onnxgrad_sklearn.losses import OnnxLoss
+from onnxgrad_sklearn.optim import Nesterov
+from onnxgrad_sklearn.runtime import check_single_runtime
+
+pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+
+needs_agent = pytest.mark.skipif(
+    not agent_available(), reason="onnxruntime-training (the TrainingAgent) not installed"
+)
+
+
+def _data(n=120, seed=0):
+    rng = np.random.RandomState(seed)
+    X = rng.randn(n, 4)
+    return X, X[:, 0] - 2 * X[:, 1] + 0.1 * rng.randn(n)
+
+
+def _loss(op):
+    """A per-sample loss ``sum(op(pred - target), axis=1)`` as an OnnxLoss."""
+    nodes = [
+        helper.make_node("Sub", ["p", "t"], ["r"]),
+        helper.make_node(op, ["r"], ["a"]),
+        helper.make_node("ReduceSum", ["a", "axis"], ["l"], keepdims=0),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "loss",
+        [
+            helper.make_tensor_value_info("p", TensorProto.FLOAT, [None, None]),
+            helper.make_tensor_value_info("t", TensorProto.FLOAT, [None, None]),
+        ],
+        [helper.make_tensor_value_info("l", TensorProto.FLOAT, [None])],
+        [onnx.numpy_helper.from_array(np.array([1], np.int64), "axis")],
+    )
+    return OnnxLoss(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+
+
+def _mlp(**kw):
+    params = dict(max_iter=3, random_state=0, batch_size=16, learning_rate_init=0.01)
+    params.update(kw)
+    return OrtGradientRegressor(MLPRegressor(hidden_layer_sizes=(6,)), **params)
+
+
+@needs_agent
+def test_auto_picks_the_agent_where_it_is_installed(caplog):
+    X, y = _data()
+    with caplog.at_level(logging.INFO, logger="onnxgrad_sklearn"):
+        est = _mlp().fit(X, y)
+    assert est.backend_ == "agent"
+    assert "backend: agent" in caplog.text
+
+
+def test_auto_picks_the_standard_backend_without_the_training_build(monkeypatch, caplog):
+    monkeypatch.setattr(backends_module, "agent_available", lambda: False)
+    X, y = _data()
+    with caplog.at_level(logging.INFO, logger="onnxgrad_sklearn"):
+        est = _mlp().fit(X, y)
+    assert est.backend_ == "standard"
+    assert "backend: standard (onnxruntime-training is not installed)" in caplog.text
+    assert np.all(np.isfinite(est.predict(X)))
+
+
+def test_explicit_agent_without_the_training_build_is_refused_before_conversion(monkeypatch):
+    monkeypatch.setattr(backends_module, "agent_available", lambda: False)
+    import onnxgrad_sklearn._base as base_module
+
+    def no_conversion(*args, **kwargs):
+        raise AssertionError("converted before refusing")
+
+    monkeypatch.setattr(base_module, "convert_template", no_conversion)
+    with pytest.raises(ValueError, match="backend='agent' needs onnxruntime-training.*'standard'"):
+        _mlp(backend="agent").fit(*_data())
+
+
+def test_a_loss_the_agent_cannot_differentiate_trains_on_the_standard_backend(caplog):
+    X, y = _data()
+    with caplog.at_level(logging.INFO, logger="onnxgrad_sklearn"):
+        est = OrtGradientRegressor(
+            LinearRegression(), loss=_loss("Cosh"), max_iter=30, learning_rate_init=0.05
+        ).fit(X, y)
+    assert est.backend_ == "standard"
+    assert est.loss_curve_[-1] < est.loss_curve_[0]
+    if agent_available():
+        assert "the TrainingAgent has no gradient for ['Cosh']" in caplog.text
+        with pytest.raises(ValueError, match=r"backend='agent' cannot differentiate.*Cosh.*"):
+            OrtGradientRegressor(LinearRegression(), loss=_loss("Cosh"), backend="agent").fit(X, y)
+
+
+def test_an_operator_onnx_ad_cannot_differentiate_is_named():
+    loss = _loss("Cosh")
+    loss.model.graph.node[1].domain = "com.example"
+    loss.model.opset_import.append(helper.make_opsetid("com.example", 1))
+    with pytest.raises(ValueError, match=r"backend='standard'.*'com.example:Cosh'"):
+        OrtGradientRegressor(LinearRegression(), loss=loss, backend="standard").fit(*_data())
+
+
+def test_zero_derivative_operator_warns_on_the_standard_backend():
+    with pytest.warns(UserWarning, match=r"through Round .*zero almost everywhere"):
+        est = OrtGradientRegressor(
+            LinearRegression(), loss=_loss("Round"), backend="standard", max_iter=2
+        ).fit(*_data())
+    assert est.backend_ == "standard"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # the package's own losses do not warn
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        for loss in ("squared_error", "huber", "absolute_error", "quantile"):
+            OrtGradientRegressor(LinearRegression(), loss=loss, backend="standard", max_iter=1).fit(
+                *_data()
+            )
+
+
+def test_two_runtime_distributions_are_refused_with_the_fix():
+    check_single_runtime(["onnxruntime"])
+    with pytest.raises(ImportError, match=r"pip uninstall -y onnxruntime onnxruntime-gpu &&"):
+        check_single_runtime(["onnxruntime", "onnxruntime-gpu"])
+
+
+def test_import_and_the_standard_backend_do_not_load_the_training_bindings():
+    code = (
+        "import sys, numpy as np\n"
+        "from onnxgrad_sklearn import OrtGradientRegressor\n"
+        "X = np.random.RandomState(0).randn(40, 3)\n"
+        "OrtGradientRegressor(backend='standard', max_iter=2).fit(X, X[:, 0])\n"
+        "assert 'onnxgrad_sklearn.backends.agent' not in sys.modules\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("ok")
+
+
+@needs_agent
+@pytest.mark.parametrize("optimizer", ["nesterov", "adam", Nesterov(0.5)])
+def test_both_backends_train_the_classifier_alike(optimizer):
+    rng = np.random.RandomState(1)
+    X = rng.randn(150, 4)
+    y = np.digitize(X[:, 0] + X[:, 1], [-0.5, 0.5])
+    fits = [
+        OrtGradientClassifier(
+            MLPClassifier(hidden_layer_sizes=(8,)),
+            optimizer=optimizer,
+            max_iter=5,
+            batch_size=32,
+            random_state=0,
+            backend=backend,
+        ).fit(X, y)
+        for backend in ("agent", "standard")
+    ]
+    np.testing.assert_allclose(fits[0].loss_curve_, fits[1].loss_curve_, rtol=1e-5)
+    np.testing.assert_allclose(fits[0].predict_proba(X), fits[1].predict_proba(X), atol=1e-5)
+
+
+class _PerTensorNesterov(Nesterov):
+    elementwise = False
+
+
+def _engine(optimizer, backend="standard"):
+    est = _mlp(optimizer=optimizer, backend=backend, max_iter=1)
+    X, y = _data(96)
+    est.fit(X, y)
+    y2d = y.reshape(-1, 1).astype(np.float32)
+    X = X.astype(np.float32)
+    sw = np.ones(len(X), np.float32)
+    return est._engine, [(X[i : i + 32], y2d[i : i + 32], sw[i : i + 32]) for i in (0, 32, 64)]
+
+
+@pytest.mark.parametrize("optimizer", [Nesterov(0.9), "adam", _PerTensorNesterov(0.9)])
+def test_standard_backend_undo_and_restore(optimizer):
+    engine, batches = _engine(optimizer)
+    assert engine.backend == "standard"
+    engine.train_batch(*batches[0], 0.01)
+    before = engine.get_weights(), engine.get_state()
+    engine.train_batch(*batches[1], 0.01)
+    after = engine.get_weights()
+    assert any(not np.array_equal(a, b) for a, b in zip(before[0], after))
+    engine.undo_last_step()
+    assert engine.step == before[1]["step"]
+    for a, b in zip(before[0], engine.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    for sa, sb in zip(before[1]["state"], engine.get_state()["state"]):
+        for a, b in zip(sa, sb):
+            np.testing.assert_array_equal(a, b)
+    engine.undo_last_step()  # a second undo changes nothing
+    engine.train_batch(*batches[1], 0.01)  # the same batch gives the same update
+    for a, b in zip(after, engine.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    saved, weights = engine.checkpoint(), engine.get_weights()
+    for batch in batches * 2:
+        engine.train_batch(*batch, 0.01)
+    engine.restore(saved)
+    for a, b in zip(weights, engine.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    # a non-finite loss leaves everything as it was
+    X, y, sw = batches[0]
+    bad = X.copy()
+    bad[0, 0] = np.nan
+    assert not np.isfinite(engine.train_batch(bad, y, sw, 0.01))
+    for a, b in zip(weights, engine.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("flat, per_tensor", [(Nesterov(0.9), _PerTensorNesterov(0.9))])
+def test_standard_backend_flat_and_per_tensor_updates_agree(flat, per_tensor):
+    X, y = _data()
+    a = _mlp(optimizer=flat, backend="standard").fit(X, y)
+    b = _mlp(optimizer=per_tensor, backend="standard").fit(X, y)
+    np.testing.assert_allclose(a.loss_curve_, b.loss_curve_, rtol=1e-6)
+    np.testing.assert_allclose(a.predict(X), b.predict(X), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["regressor", "classifier"])
+def test_standard_backend_divergence_keeps_finite_weights(kind):
+    X, y = _data(200)
+    X = X * 100
+    if kind == "classifier":
+        y = (X[:, 0] > 0).astype(int)
+        est = OrtGradientClassifier(MLPClassifier(hidden_layer_sizes=(8,)))
+    else:
+        est = OrtGradientRegressor(MLPRegressor(hidden_layer_sizes=(8,)))
+    est.set_params(
+        learning_rate_init=1e6,
+        optimizer="sgd",
+        max_iter=20,
+        random_state=0,
+        batch_size=20,
+        backend="standard",
+    )
+    with pytest.raises(ConvergenceError, match="diverged"):
+        est.fit(X, y)
+    assert all(np.isfinite(c).all() for c in est.estimator_.coefs_)
+    assert len(est.loss_curve_) == est.n_iter_ and np.all(np.isfinite(est.loss_curve_))
+    est.set_params(on_divergence="warn")
+    with pytest.warns(ConvergenceWarning, match="diverged"):
+        est.fit(X, y)
+    assert np.all(np.isfinite(est.predict(X)))
+
+
+def test_standard_backend_keyboard_interrupt_keeps_the_last_epoch(monkeypatch):
+    X, y = _data(100)
+    params = dict(optimizer="adam", batch_size=20, random_state=0, backend="standard")
+    two = _mlp(max_iter=2, **params).fit(X, y)
+    est = _mlp(max_iter=10, **params)
+    original = TrainingEngine.train_batch
+    calls = {"n": 0}
+
+    def train_batch(self, *args):
+        calls["n"] += 1
+        if calls["n"] == 5 * 2 + 3:  # third batch of the third epoch
+            raise KeyboardInterrupt
+        return original(self, *args)
+
+    monkeypatch.setattr(TrainingEngine, "train_batch", train_batch)
+    with pytest.warns(UserWarning, match="interrupted.*n_iter_=2"):
+        with pytest.raises(KeyboardInterrupt):
+            est.fit(X, y)
+    assert est.loss_curve_ == two.loss_curve_
+    np.testing.assert_array_equal(est.predict(X), two.predict(X))
+
+
+@needs_agent
+@pytest.mark.parametrize("optimizer", ["adam", "nesterov"])
+def test_model_fitted_by_the_agent_continues_on_the_standard_backend(monkeypatch, optimizer):
+    X, y = _data()
+    est = _mlp(optimizer=optimizer, max_iter=2).fit(X, y)
+    assert est.backend_ == "agent"
+    data = pickle.dumps(est)
+    on_agent = pickle.loads(data).partial_fit(X, y)
+    # where only plain onnxruntime exists: predict, then continue with the state carried over
+    monkeypatch.setattr(backends_module, "agent_available", lambda: False)
+    moved = pickle.loads(data)
+    np.testing.assert_array_equal(moved.predict(X), est.predict(X))
+    moved.partial_fit(X, y)
+    assert moved.backend_ == "standard"
+    assert moved._engine.step == on_agent._engine.step
+    np.testing.assert_allclose(moved.loss_curve_, on_agent.loss_curve_, rtol=1e-5)
+    np.testing.assert_allclose(moved.predict(X), on_agent.predict(X), rtol=1e-4, atol=1e-5)

@@ -1,0 +1,373 @@
+"""Every template trains what it states: its loss, link, class weights and solver."""
+
+import copy
+import warnings
+
+import numpy as np
+import onnxruntime
+import pytest
+from conftest import rel_error
+from sklearn.datasets import load_breast_cancer, load_diabetes, load_iris, make_classification
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import (
+    GammaRegressor,
+    HuberRegressor,
+    LinearRegression,
+    LogisticRegression,
+    Perceptron,
+    PoissonRegressor,
+    QuantileRegressor,
+    Ridge,
+    RidgeClassifier,
+    SGDClassifier,
+    SGDRegressor,
+)
+from sklearn.metrics import balanced_accuracy_score, mean_pinball_loss
+from sklearn.neural_network import MLPClassifier, MLPRegressor
+from sklearn.preprocessing import StandardScaler
+from sklearn.svm import LinearSVC, LinearSVR
+
+from onnxgrad_sklearn import OrtGradientClassifier, OrtGradientRegressor
+from onnxgrad_sklearn import losses as L
+from onnxgrad_sklearn.optim import LBFGS, Adam
+
+
+def _diabetes(scale_target=True):
+    X, y = load_diabetes(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    if scale_target:
+        y = (y - y.mean()) / y.std()
+    return X, y
+
+
+def _onnx_predict(est, X):
+    sess = onnxruntime.InferenceSession(est.to_onnx().SerializeToString())
+    return sess.run(None, {sess.get_inputs()[0].name: X.astype(np.float32)})
+
+
+# the template's objective is the default objective -----------------------------------
+
+
+@pytest.mark.parametrize(
+    "template, expected",
+    [
+        (QuantileRegressor(quantile=0.9), L.Quantile(quantile=0.9)),
+        (HuberRegressor(epsilon=1.7), L.Huber(epsilon=1.7)),
+        (SGDRegressor(loss="huber", epsilon=0.3), L.Huber(epsilon=0.3)),
+        (
+            SGDRegressor(loss="epsilon_insensitive", epsilon=0.2),
+            L.EpsilonInsensitive(epsilon=0.2),
+        ),
+        (
+            LinearSVR(loss="squared_epsilon_insensitive", epsilon=0.05),
+            L.SquaredEpsilonInsensitive(epsilon=0.05),
+        ),
+        (PoissonRegressor(), L.PoissonDeviance(link="log")),
+        (GammaRegressor(), L.GammaDeviance(link="log")),
+        (LinearRegression(), L.SquaredError()),
+    ],
+)
+def test_loss_auto_is_the_templates_own_loss(template, expected):
+    est = OrtGradientRegressor(template)
+    loss = est._objective(template)
+    assert type(loss) is type(expected)
+    assert loss.get_params() == expected.get_params()
+
+
+def test_quantile_template_trains_its_quantile_not_squared_error():
+    X, y = _diabetes(scale_target=False)
+    est = OrtGradientRegressor(QuantileRegressor(quantile=0.9, alpha=0.0)).fit(X, y)
+    below = np.mean(y < est.predict(X))
+    assert 0.87 < below < 0.93  # squared error gives about 0.5
+    ref = QuantileRegressor(quantile=0.9, alpha=0.0).fit(X, y)
+    ours = mean_pinball_loss(y, est.predict(X), alpha=0.9)
+    theirs = mean_pinball_loss(y, ref.predict(X), alpha=0.9)
+    assert ours == pytest.approx(theirs, rel=1e-3)  # the linear-programming optimum
+
+
+def test_template_class_weight_applies_when_the_estimators_is_none():
+    X, y = make_classification(
+        n_samples=600, weights=[0.9], flip_y=0.05, class_sep=0.6, random_state=0
+    )
+    plain = OrtGradientClassifier(LogisticRegression()).fit(X, y)
+    balanced = OrtGradientClassifier(LogisticRegression(class_weight="balanced")).fit(X, y)
+    explicit = OrtGradientClassifier(LogisticRegression(), class_weight="balanced").fit(X, y)
+    np.testing.assert_allclose(balanced.decision_function(X), explicit.decision_function(X))
+    assert not np.allclose(plain.decision_function(X), balanced.decision_function(X), atol=1e-2)
+    # the minority class gets more of the decision
+    assert np.mean(balanced.predict(X) == 1) > np.mean(plain.predict(X) == 1)
+    assert balanced_accuracy_score(y, balanced.predict(X)) > 0.02 + balanced_accuracy_score(
+        y, plain.predict(X)
+    )
+
+
+def test_explicit_loss_overrides_and_a_loss_of_the_other_task_is_refused():
+    X, y = _diabetes()
+    est = OrtGradientRegressor(QuantileRegressor(), loss="squared_error")
+    assert type(est._objective(est.estimator)) is L.SquaredError
+    with pytest.raises(ValueError, match=r"loss=Hinge\(\) is a classification loss"):
+        OrtGradientRegressor(loss=L.Hinge()).fit(X, y)
+    Xc, yc = load_iris(return_X_y=True)
+    with pytest.raises(ValueError, match="trains probabilities.*no predict_proba"):
+        OrtGradientClassifier(SGDClassifier(loss="hinge"), loss="log_loss").fit(Xc, yc)
+
+
+# the template must fit the task ---------------------------------------------------------
+
+
+def test_a_template_of_the_other_task_or_a_class_is_refused_before_conversion():
+    X, y = _diabetes()
+    with pytest.raises(
+        ValueError, match="MLPRegressor is a regression model.*OrtGradientRegressor"
+    ):
+        OrtGradientClassifier(MLPRegressor()).fit(X, y > 0)
+    with pytest.raises(
+        ValueError, match="LogisticRegression is a classification model.*OrtGradientClassifier"
+    ):
+        OrtGradientRegressor(LogisticRegression()).fit(X, y)
+    with pytest.raises(ValueError, match=r"is a class: pass an instance.*MLPRegressor\(\)"):
+        OrtGradientRegressor(MLPRegressor).fit(X, y)
+
+
+def test_template_settings_that_do_not_carry_over_are_named_with_their_conversion():
+    X, y = load_iris(return_X_y=True)
+    with pytest.warns(UserWarning, match=r"C=0.1: set alpha=10.0 .*alpha = 1 / C") as record:
+        OrtGradientClassifier(LogisticRegression(C=0.1, max_iter=500)).fit(X, y)
+    (message,) = [str(w.message) for w in record if "do not carry over" in str(w.message)]
+    assert "max_iter=500: set max_iter=500 on the estimator" in message
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # defaults: nothing to say
+        OrtGradientClassifier(LogisticRegression()).fit(X, y)
+
+
+# classifiers without probabilities, kinks as scikit-learn ------------------------------
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        SGDClassifier(loss="hinge"),
+        Perceptron(),
+        LinearSVC(),
+        RidgeClassifier(),
+        SGDClassifier(loss="squared_hinge"),
+    ],
+)
+@pytest.mark.parametrize("n_classes", [2, 3])
+def test_classifiers_without_probabilities_predict_and_export(template, n_classes):
+    X, y = load_iris(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    if n_classes == 2:
+        X, y = X[y > 0], y[y > 0]
+    est = OrtGradientClassifier(template, random_state=0).fit(X, y)
+    assert not hasattr(est, "predict_proba") and not hasattr(est, "predict_log_proba")
+    label = _onnx_predict(est, X)[0]
+    np.testing.assert_array_equal(label.ravel(), est.predict(X))
+    np.testing.assert_array_equal(est.estimator_.predict(X), est.predict(X))
+    np.testing.assert_allclose(
+        est.estimator_.decision_function(X), est.decision_function(X), rtol=1e-4, atol=1e-5
+    )
+
+
+_ADAM_UNDERFITS = pytest.mark.xfail(
+    strict=True,
+    reason="optimizer='auto' is Adam at MLP's defaults for the SGD family (lr 1e-3, batches "
+    "of up to 200 rows): from zero weights a hinge model moves too little in 200 epochs on "
+    "100-150 rows (0.78-0.83 accuracy against SGDClassifier's 0.95-0.97)",
+)
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        pytest.param(SGDClassifier(loss="hinge"), marks=_ADAM_UNDERFITS),
+        Perceptron(),
+        LinearSVC(),
+        RidgeClassifier(),
+        pytest.param(SGDClassifier(loss="squared_hinge"), marks=_ADAM_UNDERFITS),
+    ],
+)
+@pytest.mark.parametrize("n_classes", [2, 3])
+def test_margin_classifiers_with_defaults_score_as_the_template_fitted_by_scikit_learn(
+    template, n_classes
+):
+    X, y = load_iris(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    if n_classes == 2:
+        X, y = X[y > 0], y[y > 0]
+    est = OrtGradientClassifier(template, random_state=0).fit(X, y)
+    ref = copy.deepcopy(template).set_params(random_state=0).fit(X, y)
+    assert est.score(X, y) >= ref.score(X, y) - 0.02
+
+
+def test_perceptron_from_zero_weights_moves():
+    X, y = load_iris(return_X_y=True)
+    X, y = X[y < 2], y[y < 2]
+    est = OrtGradientClassifier(Perceptron(), optimizer="sgd", max_iter=1, batch_size=len(y))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est.fit(X, y)
+    coef = est.estimator_.coef_
+    assert np.abs(coef).max() > 0  # f = 0 on every sample: the hinge at 0 still updates
+    # one step of -lr * mean(dloss) = lr * mean(y * x), y in {-1, 1}
+    expected = 0.001 * np.mean((2 * y - 1)[:, None] * X, axis=0)
+    np.testing.assert_allclose(coef.ravel(), expected, rtol=1e-4)
+
+
+def test_modified_huber_gives_scikit_learns_probabilities():
+    X, y = load_iris(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    est = OrtGradientClassifier(SGDClassifier(loss="modified_huber"), random_state=0).fit(X, y)
+    ref = copy.deepcopy(est.estimator_)  # the trained weights, scikit-learn's formulas
+    np.testing.assert_allclose(est.predict_proba(X), ref.predict_proba(X), atol=1e-5)
+    np.testing.assert_array_equal(est.predict(X), ref.predict(X))
+
+
+# GLM templates ---------------------------------------------------------------------
+
+
+def test_poisson_template_trains_its_deviance_and_exports_the_exp_link():
+    X, y = _diabetes(scale_target=False)
+    n = len(y)
+    est = OrtGradientRegressor(PoissonRegressor(alpha=0.0), alpha=0.0).fit(X, y)
+    onnx_pred = _onnx_predict(est, X)[0].ravel()
+    np.testing.assert_allclose(onnx_pred, est.predict(X), rtol=1e-5)
+    np.testing.assert_allclose(est.estimator_.predict(X), est.predict(X), rtol=1e-4)
+    ref = PoissonRegressor(alpha=1e-3, tol=1e-10, max_iter=1000).fit(X, y)
+    est = OrtGradientRegressor(PoissonRegressor(), alpha=1e-3 * n, tol=1e-10, max_iter=1000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est.fit(X, y)
+    assert rel_error(est.estimator_.coef_, ref.coef_) < 1e-3
+    assert est.estimator_.intercept_ == pytest.approx(ref.intercept_, rel=1e-3)
+
+
+# solvers: L-BFGS for linear and GLM templates, Adam for MLPs and the SGD family --------
+
+
+def test_auto_optimizer_is_the_template_familys_solver():
+    for template, solver in [
+        (MLPRegressor(), Adam),
+        (SGDRegressor(), Adam),
+        (Ridge(), LBFGS),
+        (LinearSVR(), LBFGS),
+        (PoissonRegressor(), LBFGS),
+    ]:
+        assert type(OrtGradientRegressor(template)._solver(template, False)) is solver
+        assert type(OrtGradientRegressor(template)._solver(template, True)) is Adam
+    for template, solver in [
+        (MLPClassifier(), Adam),
+        (Perceptron(), Adam),
+        (LogisticRegression(), LBFGS),
+        (LinearSVC(), LBFGS),
+    ]:
+        assert type(OrtGradientClassifier(template)._solver(template, False)) is solver
+    assert hasattr(OrtGradientRegressor(), "partial_fit")  # auto: Adam in partial_fit
+    assert not hasattr(OrtGradientRegressor(optimizer="lbfgs"), "partial_fit")
+
+
+def test_ridge_and_logistic_regression_reach_scikit_learns_solution():
+    X, y = _diabetes()
+    ref = Ridge(alpha=3.0).fit(X, y)
+    est = OrtGradientRegressor(Ridge(), alpha=3.0, tol=1e-8).fit(X, y)
+    assert rel_error(est.estimator_.coef_, ref.coef_) < 1e-3
+    Xc, yc = load_breast_cancer(return_X_y=True)
+    Xc = StandardScaler().fit_transform(Xc)
+    ref = LogisticRegression(C=0.5, tol=1e-10, max_iter=10_000).fit(Xc, yc)
+    est = OrtGradientClassifier(LogisticRegression(), alpha=2.0, tol=1e-8, max_iter=1000)
+    est.fit(Xc, yc)
+    assert rel_error(est.estimator_.coef_, ref.coef_) < 1e-3
+
+
+def test_lbfgs_follows_mlpregressor_lbfgs_from_the_same_start():
+    X, y = _diabetes()
+    X, y = X.astype(np.float32), y.astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        start = MLPRegressor(hidden_layer_sizes=(8,), max_iter=2, random_state=0).fit(X, y)
+        ref = copy.deepcopy(start).set_params(
+            solver="lbfgs", warm_start=True, max_iter=10, tol=0.0, alpha=1e-4
+        )
+        ref.fit(X, y)
+        est = OrtGradientRegressor(start, optimizer="lbfgs", max_iter=10, tol=0.0, alpha=1e-4)
+        est.fit(X, y)
+    assert est.n_iter_ == ref.n_iter_ == 10
+    for ours, theirs in zip(
+        est.estimator_.coefs_ + est.estimator_.intercepts_, ref.coefs_ + ref.intercepts_
+    ):
+        assert np.abs(ours - theirs).max() <= 1e-4 * np.abs(theirs).max()
+    assert est.loss_ == pytest.approx(ref.loss_, rel=1e-4)
+
+
+def test_lbfgs_over_chunks_gives_the_whole_sets_loss_and_gradient(monkeypatch):
+    from onnxgrad_sklearn import _base
+
+    X, y = _diabetes()
+    whole = OrtGradientRegressor(MLPRegressor(hidden_layer_sizes=(5,)), optimizer="lbfgs")
+    weights = np.random.RandomState(0).rand(len(y)) + 0.5
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        whole.set_params(max_iter=5, random_state=0, alpha=0.1).fit(X, y, sample_weight=weights)
+        monkeypatch.setattr(_base._FullBatchObjective, "chunk_values", 10 * 37)  # 37 rows
+        chunked = copy.deepcopy(whole).set_params(warm_start=False).fit(X, y, weights)
+    np.testing.assert_allclose(chunked.loss_curve_, whole.loss_curve_, rtol=1e-5)
+    for a, b in zip(chunked.estimator_.coefs_, whole.estimator_.coefs_):
+        assert rel_error(a, b) < 1e-4
+
+
+@pytest.mark.parametrize(
+    "cls, template, target",
+    [
+        (OrtGradientRegressor, MLPRegressor, "reg"),
+        (OrtGradientClassifier, MLPClassifier, "clf"),
+    ],
+)
+def test_default_parameters_give_the_mlps_own_weights(cls, template, target):
+    X, y = _diabetes()
+    if target == "clf":
+        y = np.digitize(y, [-0.5, 0.5])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        ours = cls(template(hidden_layer_sizes=(6, 6)), max_iter=8, random_state=0).fit(X, y)
+        ref = template(hidden_layer_sizes=(6, 6), max_iter=8, random_state=0).fit(X, y)
+    assert ours.n_iter_ == ref.n_iter_
+    np.testing.assert_allclose(ours.loss_curve_, ref.loss_curve_, rtol=1e-3)
+    for a, b in zip(ours.estimator_.coefs_, ref.coefs_):
+        assert rel_error(a, b) < 1e-3
+
+
+@pytest.mark.parametrize("hidden", [(6, 6), (6, 6, 6)])
+@pytest.mark.parametrize("task", ["reg", "clf"])
+def test_equal_width_layers_are_written_back_in_their_order(hidden, task):
+    X, y = _diabetes()
+    if task == "reg":
+        est = OrtGradientRegressor(MLPRegressor(hidden_layer_sizes=hidden), random_state=0)
+    else:
+        y = np.digitize(y, [-0.5, 0.5])
+        est = OrtGradientClassifier(MLPClassifier(hidden_layer_sizes=hidden), random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est.set_params(max_iter=20).fit(X, y)
+    if task == "reg":
+        np.testing.assert_allclose(est.estimator_.predict(X), est.predict(X), atol=1e-5)
+        np.testing.assert_allclose(_onnx_predict(est, X)[0].ravel(), est.predict(X), atol=1e-5)
+    else:
+        proba = est.predict_proba(X)
+        np.testing.assert_allclose(est.estimator_.predict_proba(X), proba, atol=1e-5)
+        np.testing.assert_allclose(_onnx_predict(est, X)[1], proba, atol=1e-5)
+        np.testing.assert_array_equal(est.estimator_.predict(X), est.predict(X))
+
+
+def test_default_parameters_score_as_scikit_learn_on_bundled_data():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import quality
+
+    results = list(quality.rows(folds=3, datasets_wanted={"diabetes (scaled y)", "iris"}))
+    assert len(results) == 5
+    for name, template, ours, theirs, _, _ in results:
+        assert ours >= theirs - 0.02, (name, template, ours, theirs)
+        if template.startswith("MLP"):  # the same trajectory as scikit-learn's own
+            assert ours == pytest.approx(theirs, abs=2e-3), (name, template)
