@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import numbers
 import warnings
@@ -13,7 +14,7 @@ from sklearn.base import BaseEstimator, is_classifier
 from sklearn.exceptions import ConvergenceWarning, DataConversionWarning
 from sklearn.model_selection import train_test_split
 from sklearn.utils import check_random_state, gen_batches, get_tags, shuffle
-from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
+from sklearn.utils._param_validation import HasMethods, Interval, Options, StrOptions
 from sklearn.utils.validation import _check_sample_weight, check_is_fitted, validate_data
 
 from .backends import check_backend
@@ -53,7 +54,10 @@ class BaseOrtGradient(BaseEstimator):
         "shuffle": ["boolean"],
         "random_state": ["random_state"],
         "tol": [Interval(numbers.Real, 0, None, closed="left")],
-        "n_iter_no_change": [Interval(numbers.Integral, 1, None, closed="left")],
+        "n_iter_no_change": [
+            Interval(numbers.Integral, 1, None, closed="left"),
+            Options(numbers.Real, {np.inf}),
+        ],
         "early_stopping": ["boolean"],
         "validation_fraction": [Interval(numbers.Real, 0, 1, closed="neither")],
         "warm_start": ["boolean"],
@@ -247,25 +251,26 @@ class BaseOrtGradient(BaseEstimator):
 
     def _fit(self, X, y, sample_weight=None, incremental=False, classes=None):
         first_call = not ((self.warm_start or incremental) and hasattr(self, "_converted"))
-        # validate_data records the features of a new fit at once: put them back
-        # if a later check fails, so that a bad input leaves the estimator as it was.
-        recorded = ("n_features_in_", "feature_names_in_")
-        before = {k: self.__dict__[k] for k in recorded if k in self.__dict__}
+        # Until training starts, a failure (bad input, a loss that cannot be built)
+        # puts every attribute back: the estimator stays as it was (validate_data
+        # records the features at once, _initialize replaces the fitted state).
+        before = dict(self.__dict__)
         try:
             X, y2d, sample_weight, fitted, loss, optimizer = self._validate_fit_input(
                 X, y, sample_weight, first_call, incremental, classes
             )
             if first_call:
                 self._initialize(X, y2d, fitted)
+            self._loss_ = loss
+            loss = self._resolve_loss(loss)
+            full_batch = optimizer.full_batch  # the engine then only gives loss and gradients
+            engine = self._get_engine(
+                loss, SGD() if full_batch else optimizer, reset=not incremental
+            )
         except BaseException:
-            for k in recorded:
-                self.__dict__.pop(k, None)
+            self.__dict__.clear()
             self.__dict__.update(before)
             raise
-        self._loss_ = loss
-        loss = self._resolve_loss(loss)
-        full_batch = optimizer.full_batch  # the engine then only gives loss and gradients
-        engine = self._get_engine(loss, SGD() if full_batch else optimizer, reset=not incremental)
         try:
             if full_batch:
                 self._run_lbfgs(engine, X, y2d, sample_weight, optimizer)
@@ -303,6 +308,8 @@ class BaseOrtGradient(BaseEstimator):
         y2d, fitted = self._validate_targets(y, first_call, incremental, classes)
         sample_weight = _check_sample_weight(sample_weight, X, dtype=np.float32)
         sample_weight = self._adjust_sample_weight(y2d, sample_weight, fitted)
+        if not np.any(sample_weight):
+            raise ValueError("Sample weights must contain at least one non-zero number.")
         device_to_providers(self.device)  # refuses a bad device before any work
         check_backend(self.backend, self.device)  # and a backend that cannot run here
         if not first_call and self._n_model_outputs(y2d) != self.n_outputs_:
@@ -408,7 +415,11 @@ class BaseOrtGradient(BaseEstimator):
         return [k for k, p in enumerate(self._converted.params) if p.trainable]
 
     def _get_engine(self, loss, optimizer, reset):
-        key = (repr(loss), repr(optimizer), self.alpha, self.l1_ratio, self.device, self.backend)
+        # Reused only when the loss and optimizer are equal in every parameter: a repr
+        # cuts long values (an OnnxLoss's graph) in the middle.
+        key = _fingerprint(
+            (loss, optimizer, self.alpha, self.l1_ratio, self.device, self.backend)
+        )
         engine = self.__dict__.get("_engine")
         conv = self._converted
         idx = self._trained_indices()
@@ -432,7 +443,9 @@ class BaseOrtGradient(BaseEstimator):
             self.backend_ = engine.backend
             previous = self.__dict__.get("_engine")
             saved = self.__dict__.pop("_optimizer_state", None)
-            if previous is not None and repr(previous.optimizer) == repr(optimizer):
+            if previous is not None and _fingerprint(previous.optimizer) == _fingerprint(
+                optimizer
+            ):
                 saved = previous.get_state()
             self._engine = engine
             self._engine_key = key
@@ -482,6 +495,7 @@ class BaseOrtGradient(BaseEstimator):
         batch_size = self._batch_size(n_samples)
         sample_idx = np.arange(n_samples)
         max_iter = 1 if incremental else self.max_iter
+        reached_max_iter = False
         bar = _progress(self.verbose >= 1, max_iter, type(self).__name__, "epoch")
         self.n_iter_ = 0  # per call, partial_fit included, as MLPRegressor counts
         diverged = False
@@ -523,7 +537,7 @@ class BaseOrtGradient(BaseEstimator):
                     post = {"loss": f"{self.loss_:.6g}"}
                     if early_stopping:
                         post["val"] = f"{self.validation_scores_[-1]:.4g}"
-                    bar.set_postfix(post)
+                    bar.set_postfix(post, refresh=False)  # shown with its epoch's count
                     bar.update(1)
                 self._schedule.iteration_ends(self.t_)
                 if self._no_improvement_count > self.n_iter_no_change:
@@ -533,27 +547,42 @@ class BaseOrtGradient(BaseEstimator):
                         f"{self.n_iter_no_change} consecutive epochs."
                     )
                     if self._schedule.trigger_stopping(msg):
+                        if early_stopping:
+                            self._report_early_stop(msg, bar)
                         break
                     self._no_improvement_count = 0
                 if incremental:
                     break
-                if self.n_iter_ == self.max_iter:
-                    warnings.warn(
-                        f"Stochastic Optimizer: Maximum iterations ({self.max_iter}) "
-                        "reached and the optimization hasn't converged yet.",
-                        ConvergenceWarning,
-                        stacklevel=4,
-                    )
+                reached_max_iter = self.n_iter_ == self.max_iter
             # The last update was not followed by a forward pass: check it here.
             last = slice(max(n_samples - batch_size, 0), n_samples)
-            if not diverged and not engine.is_finite(X[last], y2d[last], sample_weight[last]):
+            ones = np.ones(last.stop - last.start, dtype=sample_weight.dtype)  # never 0 / 0
+            if not diverged and not engine.is_finite(X[last], y2d[last], ones):
                 engine.undo_last_step()
                 self._diverged(np.nan, self.n_iter_, None)
         finally:
             if bar is not None:
                 bar.close()
+        if reached_max_iter:  # after the bar is closed, not in the middle of it
+            warnings.warn(
+                f"Stochastic Optimizer: Maximum iterations ({self.max_iter}) "
+                "reached and the optimization hasn't converged yet.",
+                ConvergenceWarning,
+                stacklevel=4,
+            )
         if early_stopping:
             engine.set_weights(best_weights)
+
+    def _report_early_stop(self, msg, bar):
+        """Say that early stopping ended the training, and which epoch's weights are kept."""
+        kept = int(np.argmax(self.validation_scores_)) + 1
+        line = (
+            f"Early stopping at epoch {self.n_iter_}: {msg} Keeping the weights of epoch "
+            f"{kept} (validation score {self.best_validation_score_:.6g})."
+        )
+        logger.info(line)
+        if bar is not None:
+            bar.write(line)
 
     def _run_lbfgs(self, engine, X, y2d, sample_weight, optimizer):
         """Minimise the loss of the whole training set with scipy's L-BFGS-B.
@@ -650,6 +679,10 @@ class BaseOrtGradient(BaseEstimator):
                         np.take(a, rows, axis=0, out=buf[: len(rows)])
                         for a, buf in zip(arrays, buffers)
                     ]
+                if not feed[2].sum():  # weights summing to zero: no loss to follow, no step
+                    if bar is not None:
+                        bar.update(1)
+                    continue
                 batch_loss = engine.train_batch(*feed, lr)
                 if not np.isfinite(batch_loss):
                     engine.undo_last_step()
@@ -759,6 +792,31 @@ class BaseOrtGradient(BaseEstimator):
         session = self._logit_session if trained_graph else self._session
         names = [o.name for o in session.get_outputs()]
         return dict(zip(names, session.run(None, {session.get_inputs()[0].name: X})))
+
+
+def _fingerprint(value) -> str:
+    """A digest equal for two values exactly when they are equal in every parameter.
+
+    Estimator-like objects (losses, optimizers) by their type and ``get_params``,
+    protobuf messages (ONNX graphs) by their bytes, arrays by dtype, shape and bytes.
+    """
+
+    def canonical(v):
+        if isinstance(v, BaseEstimator):
+            params = sorted(v.get_params(deep=False).items())
+            kind = f"{type(v).__module__}.{type(v).__qualname__}"
+            return (kind, tuple((k, canonical(p)) for k, p in params))
+        if hasattr(v, "SerializeToString"):
+            return (type(v).__qualname__, v.SerializeToString(deterministic=True))
+        if isinstance(v, np.ndarray):
+            return ("ndarray", v.dtype.str, v.shape, v.tobytes())
+        if isinstance(v, (list, tuple)):
+            return (type(v).__name__, tuple(canonical(x) for x in v))
+        if isinstance(v, dict):
+            return ("dict", tuple(sorted((repr(k), canonical(x)) for k, x in v.items())))
+        return (type(v).__qualname__, repr(v))
+
+    return hashlib.sha256(repr(canonical(value)).encode()).hexdigest()
 
 
 class _FullBatchObjective:

@@ -125,10 +125,26 @@ def build_training_graph(
     renamed, shapes = _drop_noop_reshapes(out)
     while pred in renamed:
         pred = renamed[pred]
+    while per_sample in renamed:
+        per_sample = renamed[per_sample]
+    _check_per_sample_shape(loss, shapes.get(per_sample))
     width = shapes.get(pred, [None])[-1]
     if isinstance(width, int):
         graph.input[-2].type.tensor_type.shape.dim[1].dim_value = width
     return out
+
+
+def _check_per_sample_shape(loss, shape) -> None:
+    """Refuse a loss whose output is not one value per sample (it would broadcast)."""
+    if shape is None or len(shape) == 1:
+        return
+    shown = "(" + ", ".join("n_samples" if d in (BATCH, None) else str(d) for d in shape) + ")"
+    raise ValueError(
+        f"The loss {type(loss).__name__} returns a tensor of shape {shown}: a loss must "
+        "return one value per sample, shape (n_samples,), or it broadcasts against the "
+        "sample weights. Reduce its last axis (ReduceSum with axes=[1], keepdims=0) or "
+        "reshape it to (n_samples,)."
+    )
 
 
 def _is_noop_reshape(source, target) -> bool:
