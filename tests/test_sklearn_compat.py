@@ -6,6 +6,7 @@ from sklearn.neural_network import MLPClassifier, MLPRegressor
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from onnxgrad_sklearn import OrtGradientClassifier, OrtGradientRegressor
+from onnxgrad_sklearn.templates import final_estimator
 
 # Default parameters everywhere: what a user gets without tuning anything.
 ESTIMATORS = [
@@ -18,14 +19,21 @@ ESTIMATORS = [
 
 
 def expected_failed_checks(estimator):
-    return {
-        "check_sample_weight_equivalence_on_dense_data": (
+    final = final_estimator(estimator._template())
+    if type(estimator._solver(final, incremental=False)).__name__ == "LBFGS":
+        why = (
+            "float32 training: the full-batch L-BFGS fits with weights and with repeated "
+            "rows agree to about 1e-6 relative (predictions 2e-7 to 3e-5 apart), and the "
+            "check asks for rtol=1e-7"
+        )
+    else:
+        why = (
             "mini-batch training: a row repeated k times falls into other batches than "
             "one row of weight k, so the trajectories differ until a convex template "
             "converges (the equivalence holds exactly with shuffle=False and one batch, "
             "which tests/test_regressor.py and tests/test_classifier.py check)"
-        ),
-    }
+        )
+    return {"check_sample_weight_equivalence_on_dense_data": why}
 
 
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
