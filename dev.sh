@@ -44,8 +44,8 @@ case "${1:-}" in
     test)
         setup "$VENV" "$PYTHON" "[test]"
         shift
-        "$VENV/bin/python" -m ruff check onnxgrad_sklearn tests benchmarks
-        "$VENV/bin/python" -m ruff format --check onnxgrad_sklearn tests benchmarks
+        "$VENV/bin/python" -m ruff check onnxgrad_sklearn tests benchmarks examples
+        "$VENV/bin/python" -m ruff format --check onnxgrad_sklearn tests benchmarks examples
         "$VENV/bin/python" -m pytest "$@"
         if [ "${SKIP313:-0}" != "1" ]; then
             echo "== Python 3.13, plain onnxruntime (standard backend) =="
