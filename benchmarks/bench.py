@@ -326,6 +326,7 @@ def ort_estimator(spec: dict, max_iter: int, batch: int | None = None):
         warm_start=True,
         tol=0.0,
         n_iter_no_change=10**6,
+        n_jobs=THREADS,  # the estimator's own thread setting (onnxruntime ignores OMP_*)
     )
     if spec["kind"] == "mlp_reg":
         return OrtGradientRegressor(MLPRegressor(hidden_layer_sizes=spec["hidden"]), **common)

@@ -9,9 +9,9 @@ gradient graphs in standard ONNX operators (onnx-ad) on any onnxruntime.
 
 import logging
 
-from . import runtime  # noqa: F401 - checks first that one onnxruntime distribution is installed
+# onnx, skl2onnx and onnxruntime are imported on first use (fit, predict, to_onnx,
+# unpickling), which also checks the onnxruntime installation (runtime.bindings).
 from . import families, templates
-from ._graph import GraphBuilder
 from .classifier import OrtGradientClassifier
 from .exceptions import ConvergenceError
 from .regressor import OrtGradientRegressor
@@ -58,7 +58,12 @@ _AGENT_NAMES = ("OrtGradientForwardBackward", "TrainingAgent")
 
 
 def __getattr__(name):
-    # The TrainingAgent classes need onnxruntime-training: imported on first use.
+    # Imported on first use: GraphBuilder needs onnx, the TrainingAgent classes
+    # onnxruntime-training.
+    if name == "GraphBuilder":
+        from ._graph import GraphBuilder
+
+        return GraphBuilder
     if name in _AGENT_NAMES:
         from .backends import agent
 

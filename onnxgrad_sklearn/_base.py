@@ -6,10 +6,10 @@ import hashlib
 import logging
 import numbers
 import warnings
+from typing import TYPE_CHECKING
 
 import numpy as np
-import onnx
-import onnxruntime
+import scipy.sparse as sp
 from sklearn.base import BaseEstimator, is_classifier
 from sklearn.exceptions import ConvergenceWarning, DataConversionWarning
 from sklearn.model_selection import train_test_split
@@ -17,13 +17,12 @@ from sklearn.utils import check_random_state, gen_batches, get_tags, shuffle
 from sklearn.utils._param_validation import HasMethods, Interval, Options, StrOptions
 from sklearn.utils.validation import _check_sample_weight, check_is_fitted, validate_data
 
-from .backends import check_backend
-from .engine import TrainingEngine, session_options
+from ._lazy import lazy
 from .exceptions import ConvergenceError
 from .families import dropped_settings, family_of
 from .losses import BaseLoss, get_loss
 from .optim import OPTIMIZER_NAMES, SGD, BaseOptimizer, LearningRateSchedule, get_optimizer
-from .ortgrad import device_to_providers
+from .runtime import device_to_providers, import_onnxruntime, intra_op_threads, session_options
 from .templates import (
     ConvertedTemplate,
     check_template,
@@ -32,7 +31,14 @@ from .templates import (
     final_estimator,
     prepare_template,
     trained_view,
+    unfitted_head_steps,
 )
+
+if TYPE_CHECKING:
+    from .engine import TrainingEngine
+
+# imported on first use (``import onnxgrad_sklearn`` does not import onnx)
+onnx = lazy("onnx")
 
 logger = logging.getLogger("onnxgrad_sklearn")
 
@@ -65,6 +71,12 @@ class BaseOrtGradient(BaseEstimator):
         "device": [str],
         "on_divergence": [StrOptions({"raise", "warn"})],
         "backend": [StrOptions({"auto", "agent", "standard"})],
+        "dtype": [StrOptions({"float32", "float64"}), None],
+        "n_jobs": [
+            Interval(numbers.Integral, 1, None, closed="left"),
+            Interval(numbers.Integral, None, -1, closed="right"),
+            None,
+        ],
     }
 
     def __init__(
@@ -91,6 +103,8 @@ class BaseOrtGradient(BaseEstimator):
         device="cpu",
         on_divergence="raise",
         backend="auto",
+        dtype="float32",
+        n_jobs=None,
     ):
         self.estimator = estimator
         self.loss = loss
@@ -113,6 +127,8 @@ class BaseOrtGradient(BaseEstimator):
         self.device = device
         self.on_divergence = on_divergence
         self.backend = backend
+        self.dtype = dtype
+        self.n_jobs = n_jobs
 
     def _stochastic(self):
         """Whether ``partial_fit`` is available: not with a full-batch optimizer."""
@@ -127,9 +143,10 @@ class BaseOrtGradient(BaseEstimator):
         raise NotImplementedError
 
     def _validate_targets(self, y, first_call, incremental=False, classes=None):
-        """Return float32 targets for the loss and the fitted attributes they imply.
+        """Return float targets for the loss and the fitted attributes they imply.
 
-        Returns ``(y2d, fitted)``: ``y2d`` of shape (n_samples, n_targets), and a
+        Returns ``(y2d, fitted)``: ``y2d`` of shape (n_samples, n_targets), cast
+        to the training dtype by the caller, and a
         dict of attributes (the classifier's ``classes_``) set only once every
         check has passed.
         """
@@ -177,9 +194,11 @@ class BaseOrtGradient(BaseEstimator):
         located = self.__dict__.get("_export_converted")
         if located is None:
             try:
-                located = convert_template(self.estimator_, self.n_features_in_)
+                located = convert_template(
+                    self.estimator_, self.n_features_in_, self._converted.dtype
+                )
             except ValueError:
-                return export_model(self.estimator_, self.n_features_in_)
+                return export_model(self.estimator_, self.n_features_in_, self._converted.dtype)
             self._export_converted = located
         return located.with_values(located.values_from(final_estimator(self.estimator_)))
 
@@ -241,7 +260,7 @@ class BaseOrtGradient(BaseEstimator):
             tags.target_tags.multi_output = multi and tags.estimator_type != "classifier"
         except Exception:  # an unsupported template: fit will say why
             tags.target_tags.multi_output = False
-        tags.input_tags.sparse = False
+        tags.input_tags.sparse = True  # batches and chunks are densified one at a time
         tags.input_tags.allow_nan = False
         return tags
 
@@ -284,16 +303,20 @@ class BaseOrtGradient(BaseEstimator):
         """Check everything a fit receives, before anything reaches the runtime."""
         template = self._template()
         check_template(template, self._task, type(self).__name__)
+        if incremental and first_call:
+            _refuse_unfitted_head(template)
         final = final_estimator(template)
         loss = self._objective(final)
         optimizer = self._solver(final, incremental)
+        dtype = self._fit_dtype(first_call)  # None: X's own, as MLPRegressor
         X, y = validate_data(
             self,
             X,
             y,
             reset=first_call,
+            accept_sparse=["csr", "csc"],
             multi_output=True,
-            dtype=[np.float32, np.float64],
+            dtype=[np.float64, np.float32] if dtype is None else [np.float32, np.float64],
             y_numeric=not is_classifier(self),
         )
         if y.ndim == 2 and y.shape[1] == 1:
@@ -304,20 +327,39 @@ class BaseOrtGradient(BaseEstimator):
                 stacklevel=4,
             )
             y = y.ravel()
-        X = np.ascontiguousarray(X, dtype=np.float32)
+        dtype = X.dtype if dtype is None else dtype
+        X = _as_rows(X, dtype)  # a sparse X stays sparse: batches are densified one by one
         y2d, fitted = self._validate_targets(y, first_call, incremental, classes)
-        sample_weight = _check_sample_weight(sample_weight, X, dtype=np.float32)
+        y2d = np.ascontiguousarray(y2d, dtype=dtype)
+        sample_weight = _check_sample_weight(sample_weight, X, dtype=dtype)
         sample_weight = self._adjust_sample_weight(y2d, sample_weight, fitted)
         if not np.any(sample_weight):
             raise ValueError("Sample weights must contain at least one non-zero number.")
+        from .backends import check_backend  # imports onnx and onnxruntime: on first use
+
         device_to_providers(self.device)  # refuses a bad device before any work
-        check_backend(self.backend, self.device)  # and a backend that cannot run here
+        check_backend(self.backend, self.device, dtype)  # and a backend that cannot run here
         if not first_call and self._n_model_outputs(y2d) != self.n_outputs_:
             raise ValueError(
                 f"y has {self._n_model_outputs(y2d)} outputs, the estimator was fitted "
                 f"with {self.n_outputs_}."
             )
         return X, y2d, sample_weight, fitted, loss, optimizer
+
+    def _fit_dtype(self, first_call):
+        """The training dtype asked for (None: X's), or for a continued fit the model's."""
+        asked = None if self.dtype is None else np.dtype(self.dtype)
+        if first_call:
+            return asked
+        trained = self._converted.dtype
+        if asked is not None and asked != trained:
+            raise ValueError(
+                f"dtype={self.dtype!r}, but the estimator was fitted in {trained} and a "
+                f"continued fit (warm_start, partial_fit) keeps its weights in {trained}: "
+                f"pass dtype={str(trained)!r} (or None), or fit anew with warm_start=False "
+                f"to train in {asked}."
+            )
+        return trained
 
     def _objective(self, final):
         """The loss: the estimator's ``loss``, or with ``"auto"`` the template's own."""
@@ -376,7 +418,7 @@ class BaseOrtGradient(BaseEstimator):
         n_outputs = self._n_model_outputs(y2d)
         est, fine_tuned = prepare_template(template, X, n_outputs, random_state)
         self._setup_template(est, fine_tuned, fitted)
-        converted = convert_template(self._trained_view(est), X.shape[1])
+        converted = convert_template(self._trained_view(est), X.shape[1], X.dtype)
         # Every step that can fail is done: the fitted state is replaced at once.
         for name, value in fitted.items():
             setattr(self, name, value)
@@ -417,8 +459,10 @@ class BaseOrtGradient(BaseEstimator):
     def _get_engine(self, loss, optimizer, reset):
         # Reused only when the loss and optimizer are equal in every parameter: a repr
         # cuts long values (an OnnxLoss's graph) in the middle.
+        threads = intra_op_threads(self.n_jobs)
+        self._intra_op_threads = threads  # of the training sessions (0: the runtime's default)
         key = _fingerprint(
-            (loss, optimizer, self.alpha, self.l1_ratio, self.device, self.backend)
+            (loss, optimizer, self.alpha, self.l1_ratio, self.device, self.backend, threads)
         )
         engine = self.__dict__.get("_engine")
         conv = self._converted
@@ -426,6 +470,8 @@ class BaseOrtGradient(BaseEstimator):
         if engine is None or key != self._engine_key:
             names = [conv.initializer_names[k] for k in idx]
             penalized = [conv.initializer_names[k] for k in idx if conv.params[k].penalized]
+            from .engine import TrainingEngine
+
             engine = TrainingEngine(
                 conv.model,
                 conv.output_name,
@@ -439,13 +485,12 @@ class BaseOrtGradient(BaseEstimator):
                 device=self.device,
                 loss_input=self._loss_input,
                 backend=self.backend,
+                threads=threads,
             )
             self.backend_ = engine.backend
             previous = self.__dict__.get("_engine")
             saved = self.__dict__.pop("_optimizer_state", None)
-            if previous is not None and _fingerprint(previous.optimizer) == _fingerprint(
-                optimizer
-            ):
+            if previous is not None and _fingerprint(previous.optimizer) == _fingerprint(optimizer):
                 saved = previous.get_state()
             self._engine = engine
             self._engine_key = key
@@ -489,7 +534,7 @@ class BaseOrtGradient(BaseEstimator):
                     "The validation set is too small. Increase 'validation_fraction' "
                     "or the size of your dataset."
                 )
-            X = np.ascontiguousarray(X)
+            X = _as_rows(X, X.dtype)
             best_weights = engine.get_weights()
         n_samples = X.shape[0]
         batch_size = self._batch_size(n_samples)
@@ -527,7 +572,8 @@ class BaseOrtGradient(BaseEstimator):
                 self.t_ += n_samples
                 self.loss_curve_.append(self.loss_)
                 if early_stopping:
-                    score = self._score_validation(X_val, y_val, sw_val, engine.predict(X_val))
+                    predicted = _by_chunks(engine.predict, X_val)
+                    score = self._score_validation(X_val, y_val, sw_val, predicted)
                     if self._record_validation(score):
                         best_weights = engine.get_weights()
                 else:
@@ -557,7 +603,7 @@ class BaseOrtGradient(BaseEstimator):
             # The last update was not followed by a forward pass: check it here.
             last = slice(max(n_samples - batch_size, 0), n_samples)
             ones = np.ones(last.stop - last.start, dtype=sample_weight.dtype)  # never 0 / 0
-            if not diverged and not engine.is_finite(X[last], y2d[last], ones):
+            if not diverged and not engine.is_finite(_rows(X, last), y2d[last], ones):
                 engine.undo_last_step()
                 self._diverged(np.nan, self.n_iter_, None)
         finally:
@@ -625,6 +671,7 @@ class BaseOrtGradient(BaseEstimator):
                         "maxfun": optimizer.max_fun,
                         "maxiter": self.max_iter,
                         "gtol": self.tol,
+                        **_ftol_option(optimizer),
                     },
                 )
         except KeyboardInterrupt:
@@ -658,12 +705,15 @@ class BaseOrtGradient(BaseEstimator):
         ``arrays`` are X, the targets and the sample weights; ``order`` is the
         epoch's permutation of the rows (None: consecutive slices, zero copy).
         Shuffled batches are gathered into buffers of one batch, reused: the
-        data is never copied whole.
+        data is never copied whole. A sparse X always goes through them, each
+        batch densified on its own.
         """
         n_samples = arrays[0].shape[0]
         accumulated = 0.0
         lr = self._schedule.learning_rate
         batches = list(gen_batches(n_samples, batch_size))
+        if order is None and sp.issparse(arrays[0]):
+            order = np.arange(n_samples)
         if order is not None:
             buffers = [np.empty((batch_size,) + a.shape[1:], dtype=a.dtype) for a in arrays]
         bar = _progress(
@@ -675,10 +725,7 @@ class BaseOrtGradient(BaseEstimator):
                     feed = [a[batch] for a in arrays]
                 else:
                     rows = order[batch]
-                    feed = [
-                        np.take(a, rows, axis=0, out=buf[: len(rows)])
-                        for a, buf in zip(arrays, buffers)
-                    ]
+                    feed = [_rows(a, rows, out=buf[: len(rows)]) for a, buf in zip(arrays, buffers)]
                 if not feed[2].sum():  # weights summing to zero: no loss to follow, no step
                     if bar is not None:
                         bar.update(1)
@@ -748,16 +795,35 @@ class BaseOrtGradient(BaseEstimator):
     def __sklearn_is_fitted__(self):
         return hasattr(self, "_converted")
 
-    def to_onnx(self) -> onnx.ModelProto:
+    def to_onnx(self, dtype=None) -> onnx.ModelProto:
         """Return the trained model as ONNX.
+
+        Parameters
+        ----------
+        dtype : {"float32", "float64"} or None, default=None
+            Type of the graph. None: the type the model was trained in (the
+            graph ``predict`` runs; input ``tensor(float)`` after a float32
+            fit, ``tensor(double)`` after a float64 one). The other type
+            converts ``estimator_`` again with skl2onnx in that type: a float64
+            model exported with ``dtype="float32"`` gives a float32 graph for
+            deployment, its weights rounded to float32 and its outputs equal to
+            ``predict`` within float32 rounding.
 
         Returns
         -------
         onnx.ModelProto
-            The graph skl2onnx gives for the template (input ``X``, float32)
-            with the trained weights in its initializers.
+            The graph skl2onnx gives for the template (input ``X``) with the
+            trained weights in its initializers.
         """
         check_is_fitted(self)
+        if dtype is not None:
+            if dtype not in ("float32", "float64", np.float32, np.float64):
+                raise ValueError(
+                    f"to_onnx(dtype={dtype!r}): use 'float32', 'float64' or None (the "
+                    "training dtype)."
+                )
+            if np.dtype(dtype) != self._converted.dtype:
+                return export_model(self.estimator_, self.n_features_in_, np.dtype(dtype))
         model = onnx.ModelProto()
         model.CopyFrom(self._export_model)
         return model
@@ -769,10 +835,13 @@ class BaseOrtGradient(BaseEstimator):
         never changes the estimator.
         """
         providers, _ = device_to_providers(self.device)
+        onnxruntime = import_onnxruntime()
+        # the threads of where the sessions are made (a worker after unpickling)
+        options = session_options(intra_op_threads(getattr(self, "n_jobs", None)))
 
         def session(model):
             return onnxruntime.InferenceSession(
-                model.SerializeToString(), sess_options=session_options(), providers=providers
+                model.SerializeToString(), sess_options=options, providers=providers
             )
 
         # The previous fit's sessions go first: each holds a copy of the weights.
@@ -787,11 +856,66 @@ class BaseOrtGradient(BaseEstimator):
     def _run_onnx(self, X, trained_graph=False):
         """Run the exported model (or the trained graph) on X; return its outputs by name."""
         check_is_fitted(self)
-        X = validate_data(self, X, reset=False, dtype=[np.float32, np.float64])
-        X = np.ascontiguousarray(X, dtype=np.float32)
+        X = validate_data(
+            self, X, reset=False, accept_sparse=["csr", "csc"], dtype=[np.float32, np.float64]
+        )
+        X = _as_rows(X, self._converted.dtype)  # the graph's input type
         session = self._logit_session if trained_graph else self._session
         names = [o.name for o in session.get_outputs()]
-        return dict(zip(names, session.run(None, {session.get_inputs()[0].name: X})))
+        feed = session.get_inputs()[0].name
+        if not sp.issparse(X):
+            return dict(zip(names, session.run(None, {feed: X})))
+        rows = max(1, _CHUNK_VALUES // max(X.shape[1], 1))  # densified chunk by chunk
+        parts = [session.run(None, {feed: _rows(X, c)}) for c in gen_batches(X.shape[0], rows)]
+        return {name: np.concatenate([p[k] for p in parts]) for k, name in enumerate(names)}
+
+
+def _refuse_unfitted_head(template):
+    """partial_fit would fit the preprocessing of the template on its first chunk only."""
+    unfitted = unfitted_head_steps(template)
+    if unfitted:
+        raise ValueError(
+            f"partial_fit cannot fit the preprocessing step(s) {unfitted} of the template "
+            "Pipeline: they would see the first chunk of data only (a scaler's statistics, "
+            "an encoder's categories would miss the later chunks). Fit them first on "
+            "enough of the data, for example 'template[:-1].fit(X_sample)' (the final "
+            "model may stay unfitted), or pass a Pipeline whose preprocessing is fitted, "
+            "or use fit on the whole data."
+        )
+
+
+#: Values per call when a sparse X is densified (or the full batch split): 16 MB of float32.
+_CHUNK_VALUES = 1 << 22
+
+
+def _as_rows(X, dtype):
+    """X in ``dtype``, ready to take rows from: C-contiguous, or CSR if it is sparse."""
+    if sp.issparse(X):
+        return X.tocsr().astype(dtype, copy=False)
+    return np.ascontiguousarray(X, dtype=dtype)
+
+
+def _rows(X, index, out=None):
+    """Rows ``index`` (a slice or row numbers) of X, dense and C-contiguous.
+
+    A sparse X has only these rows densified, into ``out`` when given (of the
+    right shape and dtype); a dense X gives a view for a slice.
+    """
+    if sp.issparse(X):
+        part = X[index]
+        return part.toarray() if out is None else part.toarray(out=out)
+    if out is None:
+        return X[index]
+    return np.take(X, index, axis=0, out=out)
+
+
+def _by_chunks(function, X):
+    """``function(X)``, or for a sparse X the rows of ``function`` on its dense chunks."""
+    if not sp.issparse(X):
+        return function(X)
+    rows = max(1, _CHUNK_VALUES // max(X.shape[1], 1))
+    parts = [function(_rows(X, chunk)) for chunk in gen_batches(X.shape[0], rows)]
+    return np.concatenate(parts, axis=0)
 
 
 def _fingerprint(value) -> str:
@@ -824,11 +948,12 @@ class _FullBatchObjective:
 
     The engine's loss on rows ``c`` is ``(sum_c w_i l_i + P) / sum_c w_i``, the
     penalty ``P`` included once per call. Over several chunks the penalty is
-    taken out of all but one: the result is the loss of the whole set.
+    taken out of all but one: the result is the loss of the whole set. A
+    sparse X is densified one chunk at a time (at once if it is one chunk).
     """
 
     # Rows per call: about 4 million input values (16 MB of float32).
-    chunk_values = 1 << 22
+    chunk_values = _CHUNK_VALUES
 
     def __init__(self, engine, X, y2d, sample_weight, penalized, alpha, l1_ratio):
         self.engine, self.X, self.y, self.sw = engine, X, y2d, sample_weight
@@ -837,13 +962,15 @@ class _FullBatchObjective:
         self.penalized, self.alpha, self.l1_ratio = penalized, alpha, l1_ratio
         rows = max(1, self.chunk_values // max(X.shape[1], 1))
         self.chunks = list(gen_batches(X.shape[0], rows))
+        if len(self.chunks) == 1:
+            self.X = _rows(X, slice(None))
         self.total_weight = float(np.sum(sample_weight, dtype=np.float64))
 
     def pack(self, arrays):
         return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays])
 
     def unpack(self, x):
-        parts = np.split(np.asarray(x, dtype=np.float32), np.cumsum(self.sizes)[:-1])
+        parts = np.split(np.asarray(x, dtype=self.engine.dtype), np.cumsum(self.sizes)[:-1])
         return [p.reshape(s) for p, s in zip(parts, self.shapes)]
 
     def _penalty(self, weights):
@@ -870,7 +997,7 @@ class _FullBatchObjective:
             weight = float(np.sum(sw, dtype=np.float64))
             if weight == 0:
                 continue
-            loss, grads = self.engine.loss_and_gradients(self.X[rows], self.y[rows], sw)
+            loss, grads = self.engine.loss_and_gradients(_rows(self.X, rows), self.y[rows], sw)
             total += loss * weight
             for acc, g in zip(summed, grads):
                 acc += g * weight
@@ -885,6 +1012,12 @@ class _FullBatchObjective:
         if not np.isfinite(loss):
             return np.inf, np.zeros(sum(self.sizes))
         return float(loss), self.pack(grads)
+
+
+def _ftol_option(optimizer) -> dict:
+    """scipy's ``ftol`` where the L-BFGS optimizer sets one (None: scipy's default)."""
+    ftol = getattr(optimizer, "ftol", None)
+    return {} if ftol is None else {"ftol": float(ftol)}
 
 
 def _progress(show, total, desc, unit, leave=True):

@@ -29,10 +29,25 @@ class GraphBuilder:
     prefix : str, default="g"
         Prefix of every name the builder creates, so that several builders can
         write into one graph without clashes.
+    dtype : numpy dtype, default=numpy.float32
+        The float type of the graph (the training dtype, ``float32`` or
+        ``float64``): :meth:`const` makes its float constants in it, and
+        :attr:`elem_type` gives it as an ONNX element type (for ``Cast(to=...)``).
+
+    Attributes
+    ----------
+    dtype : numpy.dtype
+        The float type of the graph.
+    elem_type : int
+        The same as an ONNX ``TensorProto`` element type (``FLOAT`` or ``DOUBLE``).
     """
 
-    def __init__(self, prefix: str = "g"):
+    def __init__(self, prefix: str = "g", dtype=np.float32):
         self.prefix = prefix
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in (np.float32, np.float64):
+            raise ValueError(f"GraphBuilder dtype must be float32 or float64, got {self.dtype}.")
+        self.elem_type = helper.np_dtype_to_tensor_dtype(self.dtype)
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
         self._count = 0
@@ -64,12 +79,20 @@ class GraphBuilder:
         self.nodes.append(node)
         return outputs[0] if n_outputs == 1 else tuple(outputs)
 
-    def const(self, value, dtype=np.float32) -> str:
+    def const(self, value, dtype=None) -> str:
         """Return the name of a constant initializer holding ``value``.
 
         Equal constants are created once.
+
+        Parameters
+        ----------
+        value : scalar or array-like
+            The constant.
+        dtype : numpy dtype, default=None
+            Its type; None gives the builder's :attr:`dtype` (the training
+            dtype), so that a loss's ``g.const(0.5)`` follows it.
         """
-        array = np.asarray(value, dtype=dtype)
+        array = np.asarray(value, dtype=self.dtype if dtype is None else dtype)
         key = (array.dtype.str, array.shape, array.tobytes())
         if key not in self._constants:
             name = self.unique("c")
@@ -156,3 +179,22 @@ class GraphBuilder:
 def tensor_info(name: str, shape=None, elem_type: int = TensorProto.FLOAT):
     """Return a ``ValueInfoProto`` for a float tensor (``shape=None``: any rank)."""
     return helper.make_tensor_value_info(name, elem_type, shape)
+
+
+def model_dtype(model: onnx.ModelProto) -> np.dtype:
+    """The float type a model computes in: float64 when its first input is double.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        A converted template or a training graph (first input ``X``).
+
+    Returns
+    -------
+    numpy.dtype
+        ``float64`` for a ``tensor(double)`` input, ``float32`` otherwise.
+    """
+    inputs = model.graph.input
+    if inputs and inputs[0].type.tensor_type.elem_type == TensorProto.DOUBLE:
+        return np.dtype(np.float64)
+    return np.dtype(np.float32)

@@ -111,6 +111,32 @@ def rewrite_relu_grad(model: onnx.ModelProto) -> int:
 
 def static_shapes(model: onnx.ModelProto) -> dict:
     """Inferred shapes by tensor name: lists of ints and symbol names (None: unknown)."""
+    graph = _inferred_graph(model)
+    if graph is None:
+        return {}
+    return {
+        vi.name: [
+            d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+            for d in vi.type.tensor_type.shape.dim
+        ]
+        for vi in [*graph.input, *graph.value_info, *graph.output]
+        if vi.type.tensor_type.HasField("shape")
+    }
+
+
+def static_types(model: onnx.ModelProto) -> dict:
+    """Inferred element types (``TensorProto`` values) by tensor name, initializers included."""
+    graph = _inferred_graph(model)
+    types = {i.name: i.data_type for i in model.graph.initializer}
+    if graph is not None:
+        for vi in [*graph.input, *graph.value_info, *graph.output]:
+            if vi.type.tensor_type.elem_type:
+                types[vi.name] = vi.type.tensor_type.elem_type
+    return types
+
+
+def _inferred_graph(model: onnx.ModelProto):
+    """The graph of ``model`` after onnx's shape inference (None when it fails)."""
     # Shape inference copies the model it is given: large initializers go in as
     # inputs of the same type and shape (no data), small ones (shape constants) as they are.
     light = onnx.ModelProto()
@@ -128,17 +154,9 @@ def static_shapes(model: onnx.ModelProto) -> dict:
                 onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
             )
     try:
-        graph = onnx.shape_inference.infer_shapes(light).graph
+        return onnx.shape_inference.infer_shapes(light).graph
     except Exception:  # noqa: BLE001 - no shapes, nothing to simplify
-        return {}
-    return {
-        vi.name: [
-            d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-            for d in vi.type.tensor_type.shape.dim
-        ]
-        for vi in [*graph.input, *graph.value_info, *graph.output]
-        if vi.type.tensor_type.HasField("shape")
-    }
+        return None
 
 
 def _value_shapes(model: onnx.ModelProto) -> dict:
@@ -342,6 +360,7 @@ def rewrite_leading_sums(model: onnx.ModelProto, shapes: dict | None = None) -> 
     constants = {i.name: i for i in model.graph.initializer}
     rewritten, ones, count = [], {}, 0
     extra = []
+    types = None  # element types, inferred at the first rewrite
     for node in model.graph.node:
         shape = shapes.get(node.input[0]) if node.input else None
         axes = None
@@ -359,11 +378,19 @@ def rewrite_leading_sums(model: onnx.ModelProto, shapes: dict | None = None) -> 
         ):
             rewritten.append(node)
             continue
+        if types is None:
+            types = static_types(model)
+        elem_type = types.get(node.input[0], TensorProto.FLOAT)
+        if elem_type not in (TensorProto.FLOAT, TensorProto.DOUBLE):
+            rewritten.append(node)
+            continue
         count += 1
         n, rest = shape[0], shape[1:]
-        if n not in ones:
-            ones[n] = f"LeadingSum/ones_{n}"
-            extra.append(onnx.numpy_helper.from_array(np.ones((1, n), np.float32), ones[n]))
+        key = n, elem_type
+        if key not in ones:
+            ones[key] = f"LeadingSum/ones_{n}" + ("_f64" if elem_type == TensorProto.DOUBLE else "")
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(elem_type)
+            extra.append(onnx.numpy_helper.from_array(np.ones((1, n), dtype), ones[key]))
         base = f"LeadingSum/{node.output[0]}"
         flat_shape, out_shape = base + "_flat_shape", base + "_shape"
         kept_dims = [1, *rest] if att.get("keepdims", 1) else rest
@@ -374,7 +401,7 @@ def rewrite_leading_sums(model: onnx.ModelProto, shapes: dict | None = None) -> 
         rewritten.extend(
             [
                 onnx.helper.make_node("Reshape", [node.input[0], flat_shape], [base + "_2d"]),
-                onnx.helper.make_node("MatMul", [ones[n], base + "_2d"], [base + "_sum"]),
+                onnx.helper.make_node("MatMul", [ones[key], base + "_2d"], [base + "_sum"]),
                 onnx.helper.make_node("Reshape", [base + "_sum", out_shape], list(node.output)),
             ]
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from sklearn.base import ClassifierMixin
 from sklearn.linear_model import LogisticRegression
@@ -15,10 +17,12 @@ from sklearn.utils.validation import check_is_fitted
 
 from . import losses as _losses
 from ._base import BaseOrtGradient
-from ._graph import GraphBuilder
 from .families import family_of
 from .losses import CLASSIFICATION_LOSSES, BaseLoss, LogLoss, OneVsRestLogLoss
 from .templates import final_estimator
+
+if TYPE_CHECKING:
+    from ._graph import GraphBuilder
 
 __all__ = ["OrtGradientClassifier"]
 
@@ -124,6 +128,29 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         training graph, the standard backend otherwise, and logs the choice at
         INFO; ``backend_`` records what ran. See ``docs/how_it_works.md`` for
         the operators each backend differentiates.
+    dtype : {"float32", "float64"} or None, default="float32"
+        The float type training computes in: the converted graph, the loss and
+        its constants, the weights, gradients and optimizer state, the update
+        and the validation score. ``"float32"`` is the fastest; ``"float64"``
+        gives MLPClassifier's numbers to machine precision (``estimator_`` then holds
+        float64 arrays, ``to_onnx()`` a graph with a ``tensor(double)`` input,
+        ``to_onnx(dtype="float32")`` a float32 graph of the same model);
+        ``None`` follows ``X`` as MLPClassifier does (float32 data trains in float32,
+        anything else in float64). float64 trains on the standard backend
+        (``backend="auto"`` picks it; ``backend="agent"`` is refused). A
+        continued fit (``warm_start``, ``partial_fit``) keeps the dtype of the
+        first.
+    n_jobs : int or None, default=None
+        onnxruntime's intra-op threads for the training and inference sessions
+        (the update of the TrainingAgent backend runs on one thread). ``None``:
+        the runtime's default (one thread per physical core, the fastest on
+        the benchmark), but never more than the inner thread limit of the
+        process: the OpenMP threads set by ``threadpoolctl`` or
+        ``OMP_NUM_THREADS``, which joblib's process workers receive
+        (``cpu_count() // n_jobs`` in ``GridSearchCV(n_jobs=...)``), and one
+        thread inside a joblib thread worker. So a parallel search does not
+        oversubscribe the CPUs. A positive number: that many threads. ``-1``:
+        every CPU (within the limit), ``-2`` all but one, as in joblib.
     class_weight : dict, "balanced" or None, default=None
         Weights of the classes in the loss, multiplied with ``sample_weight``
         as scikit-learn defines them.
@@ -182,6 +209,8 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         device="cpu",
         on_divergence="raise",
         backend="auto",
+        dtype="float32",
+        n_jobs=None,
         class_weight=None,
     ):
         super().__init__(
@@ -206,24 +235,45 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
             device=device,
             on_divergence=on_divergence,
             backend=backend,
+            dtype=dtype,
+            n_jobs=n_jobs,
         )
         self.class_weight = class_weight
 
     _task = "classification"
+    _multilabel = False  # set at fit: an indicator matrix y (MLPClassifier templates)
 
     # hooks of the shared fit ----------------------------------------------
     def _default_estimator(self):
         return LogisticRegression()
 
     def _validate_targets(self, y, first_call, incremental=False, classes=None):
+        if incremental and self._class_weight() == "balanced":  # as SGDClassifier refuses it
+            origin = "" if self.class_weight is not None else " (the template's)"
+            raise ValueError(
+                f"class_weight 'balanced'{origin} is not supported for partial_fit. In "
+                "order to use 'balanced' weights, use compute_class_weight('balanced', "
+                "classes=classes, y=y). In place of y you can use a large enough sample "
+                "of the full training set target to properly estimate the class "
+                "frequency distributions. Pass the resulting weights as the class_weight "
+                "parameter."
+            )
         check_classification_targets(y)
         kind = type_of_target(y, input_name="y")
+        if kind == "multilabel-indicator":
+            return self._validate_multilabel(y, first_call)
         if kind not in ("binary", "multiclass"):
             raise ValueError(
-                f"OrtGradientClassifier supports binary and multiclass targets, got {kind!r} "
-                "(multilabel and multi-output y are not supported)."
+                f"OrtGradientClassifier supports binary, multiclass and (with an "
+                f"MLPClassifier template) multilabel targets, got {kind!r}."
+            )
+        if not first_call and self._multilabel:
+            raise ValueError(
+                "The estimator was fitted on multilabel targets: y must be a label "
+                "indicator matrix of the same labels."
             )
         if first_call:
+            self._multilabel = False
             known = getattr(final_estimator(self._template()), "classes_", None)
             if classes is not None:
                 classes = np.unique(np.asarray(classes))
@@ -255,7 +305,34 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         y2d = np.ascontiguousarray(np.eye(len(classes), dtype=np.float32)[index])
         return y2d, {"classes_": classes}
 
+    def _validate_multilabel(self, y, first_call):
+        """Targets of a multilabel problem: one sigmoid per label, as MLPClassifier."""
+        final = final_estimator(self._template())
+        if not hasattr(final, "hidden_layer_sizes"):
+            raise ValueError(
+                f"Multilabel targets need an MLPClassifier template (one sigmoid per "
+                f"label, as scikit-learn's MLPClassifier); got {type(final).__name__}."
+            )
+        if self._class_weight() is not None:
+            raise ValueError("class_weight is not supported with multilabel targets.")
+        y2d = np.ascontiguousarray(y, dtype=np.float32)
+        labels = np.arange(y2d.shape[1])
+        if first_call:
+            known = getattr(final, "classes_", None)
+            if known is not None and len(known) != len(labels):
+                raise ValueError(f"y has {len(labels)} labels, the fitted template {len(known)}.")
+            self._multilabel = True
+        elif not self._multilabel or len(labels) != len(self.classes_):
+            raise ValueError(
+                f"y is a multilabel indicator of {len(labels)} labels; the estimator was "
+                f"fitted on {'multilabel' if self._multilabel else 'single-label'} targets "
+                f"with {len(self.classes_)} classes."
+            )
+        return y2d, {"classes_": labels}
+
     def _n_model_outputs(self, y2d):
+        if self._multilabel:
+            return y2d.shape[1]
         return 1 if y2d.shape[1] == 2 else y2d.shape[1]
 
     def _class_weight(self):
@@ -268,11 +345,11 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
 
     def _adjust_sample_weight(self, y2d, sample_weight, fitted):
         class_weight = self._class_weight()
-        if class_weight is None:
+        if class_weight is None or self._multilabel:
             return sample_weight
         labels = fitted["classes_"][y2d.argmax(axis=1)]
         weights = compute_sample_weight(class_weight, labels)
-        return np.ascontiguousarray(sample_weight * weights, dtype=np.float32)
+        return np.ascontiguousarray(sample_weight * weights, dtype=sample_weight.dtype)
 
     def _setup_template(self, est, fine_tuned, fitted):
         final = final_estimator(est)
@@ -282,13 +359,18 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         if family_of(final).signed_targets(final):  # RidgeClassifier predicts through it
             final._label_binarizer = LabelBinarizer(pos_label=1, neg_label=-1).fit(classes)
         final.classes_ = classes
-        if hasattr(final, "coefs_"):  # MLPClassifier
+        if hasattr(final, "coefs_") and self._multilabel:  # as MLPClassifier on an indicator
+            final._label_binarizer = LabelBinarizer().fit(np.eye(len(classes), dtype=int))
+            final.out_activation_ = "logistic"
+        elif hasattr(final, "coefs_"):  # MLPClassifier
             final._label_binarizer = LabelBinarizer().fit(classes)
             final.out_activation_ = "logistic" if len(classes) == 2 else "softmax"
 
     def _one_vs_rest(self):
         """Whether the template's probabilities are normalised one-vs-rest sigmoids."""
         final = final_estimator(self.estimator_)
+        if self._multilabel:
+            return True  # independent labels, one sigmoid each
         if len(self.classes_) <= 2:
             return False
         if type(final).__name__ == "SGDClassifier":
@@ -296,7 +378,7 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         return getattr(final, "multi_class", None) == "ovr" or final.solver == "liblinear"
 
     def _loss_input(self, g, prediction):
-        if len(self.classes_) != 2:
+        if len(self.classes_) != 2 or self._multilabel:
             return prediction
         return g.op("Concat", g.mul(prediction, g.const(0.0)), prediction, axis=1)
 
@@ -308,15 +390,17 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         self.gives_proba_ = bool(family_of(final).gives_proba(final) and loss.gives_proba)
         return _LogitLoss(
             loss=loss,
-            binary=len(self.classes_) == 2,
+            binary=len(self.classes_) == 2 and not self._multilabel,
             signed=family_of(final).signed_targets(final),
         )
 
     def _stratify(self, y2d):
         # As MLPClassifier: a stratified split for one output unit (binary) only.
-        return y2d.argmax(axis=1) if y2d.shape[1] == 2 else None
+        return y2d.argmax(axis=1) if y2d.shape[1] == 2 and not self._multilabel else None
 
     def _score_validation(self, X, y, sample_weight, prediction):
+        if self._multilabel:  # subset accuracy, as MLPClassifier
+            return accuracy_score(y, np.asarray(prediction) > 0, sample_weight=sample_weight)
         return accuracy_score(
             y.argmax(axis=1), self._logits_to_index(prediction), sample_weight=sample_weight
         )
@@ -335,7 +419,7 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features)
-            Training data (trained in float32).
+            Training data (trained in the ``dtype`` parameter's type).
         y : array-like of shape (n_samples,)
             Class labels: integers, strings, any sortable labels.
         sample_weight : array-like of shape (n_samples,), default=None
@@ -453,6 +537,8 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         if isinstance(self._loss_, _losses.ModifiedHuber):
             with np.errstate(divide="ignore"):
                 return np.log(self.predict_proba(X))
+        if self._multilabel:  # one independent sigmoid per label, as MLPClassifier
+            return -np.logaddexp(0.0, -z.reshape(len(z), -1))
         if z.ndim == 1:
             z = np.c_[np.zeros_like(z), z]
         elif self._one_vs_rest():
@@ -470,10 +556,13 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
 
         Returns
         -------
-        ndarray of shape (n_samples,)
-            Labels, of the type of ``classes_``.
+        ndarray of shape (n_samples,) or (n_samples, n_labels)
+            Labels, of the type of ``classes_``; for multilabel targets, the label
+            indicator matrix (a label is on where its probability is above 0.5).
         """
         # From the decision function, as scikit-learn's linear models and MLPs:
         # normalised clipped scores (modified Huber) can tie where the logits do not.
-        index = self._logits_to_index(self.decision_function(X))
-        return self.classes_[index]
+        z = self.decision_function(X)
+        if self._multilabel:
+            return (z.reshape(len(z), -1) > 0).astype(np.int64)
+        return self.classes_[self._logits_to_index(z)]

@@ -23,7 +23,7 @@ import onnx
 import onnxruntime
 
 from . import runtime
-from ._graph import GraphBuilder, tensor_info
+from ._graph import GraphBuilder, model_dtype, tensor_info
 from ._passes import static_shapes
 from .backends import Backend, choose_backend, make_backend
 from .losses import BaseLoss
@@ -51,8 +51,10 @@ def build_training_graph(
 ) -> onnx.ModelProto:
     """Return ``model`` extended with the loss and penalty as its only output.
 
-    The new graph has the inputs of ``model`` plus ``y_true`` (float32,
-    ``(n_samples, n_outputs)``) and ``sample_weight`` (float32, ``(n_samples,)``),
+    The new graph has the inputs of ``model`` plus ``y_true``
+    (``(n_samples, n_outputs)``) and ``sample_weight`` (``(n_samples,)``), of the
+    model's float type (float32, or float64 for a double model, whose loss and
+    penalty constants are then double too),
     and one scalar output ``loss``::
 
         sum_i w_i * loss_i / sum_i w_i
@@ -80,7 +82,7 @@ def build_training_graph(
         ``(n_samples, n_outputs)`` into what the loss receives (the classifier
         adds the zero logit of a binary problem's first class).
     """
-    g = GraphBuilder("train")
+    g = GraphBuilder("train", dtype=model_dtype(model))  # the loss computes in the model's type
     pred = g.op("Reshape", output_name, g.const([-1, n_outputs], np.int64))
     if loss_input is not None:
         pred = loss_input(g, pred)
@@ -117,9 +119,14 @@ def build_training_graph(
         dims = value.type.tensor_type.shape.dim
         if len(dims) and not dims[0].HasField("dim_value"):
             dims[0].dim_param = BATCH
-    graph.input.extend([tensor_info(Y_NAME, [BATCH, None]), tensor_info(SW_NAME, [BATCH])])
+    graph.input.extend(
+        [
+            tensor_info(Y_NAME, [BATCH, None], g.elem_type),
+            tensor_info(SW_NAME, [BATCH], g.elem_type),
+        ]
+    )
     del graph.output[:]
-    graph.output.append(tensor_info(LOSS_NAME, []))
+    graph.output.append(tensor_info(LOSS_NAME, [], g.elem_type))
     # With every shape of the loss part known (no Reshape to -1, the width of y_true
     # given), the gradient builder resolves its broadcasting at build time too.
     renamed, shapes = _drop_noop_reshapes(out)
@@ -259,11 +266,16 @@ class TrainingEngine:
         ``"agent"`` onnxruntime-training's TrainingAgent, ``"standard"`` onnx-ad
         gradients on any onnxruntime, ``"auto"`` the agent where it is installed
         and can differentiate the graph.
+    threads : int, default=0
+        Intra-op threads of the training and inference sessions (0: the
+        runtime's default); a separate update session runs on one thread.
 
     Attributes
     ----------
     backend : str
         The backend that runs, ``"agent"`` or ``"standard"``.
+    dtype : numpy.dtype
+        The training dtype, that of the model (float64 for a double graph).
     training : onnx.ModelProto
         The training graph (:func:`build_training_graph`) with the starting weights.
     optimizer : BaseOptimizer
@@ -288,8 +300,10 @@ class TrainingEngine:
         device: str = "cpu",
         loss_input=None,
         backend: str = "auto",
+        threads: int = 0,
     ):
         self.device = device
+        self.dtype = model_dtype(model)
         self.weight_names = list(weight_names)
         self.output_name = output_name
         self.optimizer = optimizer
@@ -310,7 +324,7 @@ class TrainingEngine:
             start=start,
             optimizer=optimizer,
             device=device,
-            options=session_options(),
+            options=session_options(threads),
             update_options=session_options(threads=1),
         )
 
@@ -334,7 +348,7 @@ class TrainingEngine:
 
         Parameters
         ----------
-        X, y, sample_weight : ndarray (float32, C-contiguous)
+        X, y, sample_weight : ndarray (the training dtype, C-contiguous)
             The batch; they must stay alive during the call.
         learning_rate : float
             Current learning rate of the schedule.
@@ -377,13 +391,12 @@ class TrainingEngine:
         """Restore an optimizer state returned by :meth:`get_state`, matched by name."""
         self._backend.set_state(saved)
 
-    @staticmethod
-    def _arrays(X, y, sample_weight):
-        X = np.ascontiguousarray(X, dtype=np.float32)
-        y = np.ascontiguousarray(np.reshape(y, (X.shape[0], -1)), dtype=np.float32)
+    def _arrays(self, X, y, sample_weight):
+        X = np.ascontiguousarray(X, dtype=self.dtype)
+        y = np.ascontiguousarray(np.reshape(y, (X.shape[0], -1)), dtype=self.dtype)
         if sample_weight is None:
-            sample_weight = np.ones(X.shape[0], dtype=np.float32)
-        return X, y, np.ascontiguousarray(sample_weight, dtype=np.float32)
+            sample_weight = np.ones(X.shape[0], dtype=self.dtype)
+        return X, y, np.ascontiguousarray(sample_weight, dtype=self.dtype)
 
     def loss(self, X: np.ndarray, y: np.ndarray, sample_weight: np.ndarray | None = None) -> float:
         """Return the loss (penalty included) on ``X``, ``y`` with the current weights.

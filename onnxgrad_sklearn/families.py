@@ -103,8 +103,12 @@ class Family:
         """Return the parameters of ``est``, in the order they are trained."""
         raise NotImplementedError
 
-    def initialize(self, est, n_features: int, n_outputs: int, rng) -> None:
-        """Give an unfitted ``est`` initial parameters for ``n_outputs`` outputs."""
+    def initialize(self, est, n_features: int, n_outputs: int, rng, dtype=np.float32) -> None:
+        """Give an unfitted ``est`` initial parameters for ``n_outputs`` outputs.
+
+        ``dtype`` is the training dtype (float32 or float64): an MLP's initial
+        weights are drawn in float64 and cast to it, as MLPRegressor does.
+        """
         raise NotImplementedError
 
     def marker_shapes(self, values):
@@ -140,6 +144,18 @@ class Family:
 
     # export ------------------------------------------------------------
     black_op = frozenset({"LinearRegressor", "LinearClassifier", "Scaler"})
+
+    def output_link(self, est) -> str | None:
+        """An operator skl2onnx cannot export, appended to the trained view's graph.
+
+        ``None``: skl2onnx converts the model itself. ``"Exp"``: the exported graph
+        is the trained view's (raw scores) followed by ``Exp`` (MLPRegressor with
+        ``loss="poisson"``, whose output activation skl2onnx does not know).
+        """
+        return None
+
+    def fix_export(self, est, model) -> None:
+        """Correct, in place, what skl2onnx's graph of ``est`` gets wrong (default: nothing)."""
 
     def export_options(self, est) -> dict:
         """skl2onnx options of the exported model."""
@@ -187,7 +203,7 @@ class _LinearFamily(Family):
             ParamRef("intercept_", None, False, bool(getattr(est, "fit_intercept", True))),
         ]
 
-    def initialize(self, est, n_features, n_outputs, rng):
+    def initialize(self, est, n_features, n_outputs, rng, dtype=np.float32):
         single = n_outputs == 1
         est.n_features_in_ = n_features
         if is_classifier(est):
@@ -235,7 +251,7 @@ class _SGDRegressor(_LinearFamily):
             return losses.Huber(epsilon=est.epsilon)
         return losses.get_loss(est.loss).set_params(epsilon=est.epsilon)
 
-    def initialize(self, est, n_features, n_outputs, rng):
+    def initialize(self, est, n_features, n_outputs, rng, dtype=np.float32):
         if n_outputs != 1:
             raise ValueError(
                 "SGDRegressor has a single output; use LinearRegression or MLPRegressor as "
@@ -318,8 +334,8 @@ class _GLM(_LinearFamily):
     def trained_view(self, est):
         return self._linear_view(est)
 
-    def initialize(self, est, n_features, n_outputs, rng):
-        super().initialize(est, n_features, n_outputs, rng)
+    def initialize(self, est, n_features, n_outputs, rng, dtype=np.float32):
+        super().initialize(est, n_features, n_outputs, rng, dtype)
         est._base_loss = est._get_loss()  # what predict reads (loss and link)
 
     def link(self, est) -> str:
@@ -451,9 +467,6 @@ class _RidgeClassifier(_LinearClassifier):
     def export_options(self, est):
         return {}
 
-    def initialize(self, est, n_features, n_outputs, rng):
-        super().initialize(est, n_features, n_outputs, rng)
-
     def conversion(self, name, value, est, n_samples):
         if name == "alpha":
             return _penalty_advice(value, 0.0, "RidgeClassifier's alpha is this alpha")
@@ -481,7 +494,7 @@ class _MLPFamily(Family):
             ParamRef("intercepts_", i, False) for i in range(n)
         ]
 
-    def initialize(self, est, n_features, n_outputs, rng):
+    def initialize(self, est, n_features, n_outputs, rng, dtype=np.float32):
         hidden = est.hidden_layer_sizes
         if not hasattr(hidden, "__iter__"):
             hidden = [hidden]
@@ -489,14 +502,14 @@ class _MLPFamily(Family):
         if any(int(h) <= 0 for h in hidden):
             raise ValueError(f"hidden_layer_sizes must be > 0, got {hidden}.")
         units = [n_features, *hidden, n_outputs]
-        # Same draws, in the same order, as MLPRegressor._init_coef, kept in
-        # float32 as MLPRegressor does for float32 data (the weights are trained in float32).
+        # Same draws, in the same order, as MLPRegressor._init_coef, cast to the
+        # training dtype as MLPRegressor casts them to the dtype of X.
         factor = 2.0 if est.activation == "logistic" else 6.0
         est.coefs_, est.intercepts_ = [], []
         for fan_in, fan_out in zip(units[:-1], units[1:]):
             bound = np.sqrt(factor / (fan_in + fan_out))
-            est.coefs_.append(rng.uniform(-bound, bound, (fan_in, fan_out)).astype(np.float32))
-            est.intercepts_.append(rng.uniform(-bound, bound, fan_out).astype(np.float32))
+            est.coefs_.append(rng.uniform(-bound, bound, (fan_in, fan_out)).astype(dtype))
+            est.intercepts_.append(rng.uniform(-bound, bound, fan_out).astype(dtype))
         est.n_features_in_ = n_features
         est.n_outputs_ = n_outputs
         est.n_layers_ = len(units)
@@ -532,12 +545,35 @@ class _MLPFamily(Family):
 
 
 class _MLPRegressor(_MLPFamily):
+    """MLPRegressor; with ``loss="poisson"`` its raw output is trained (exp link)."""
+
+    def _poisson(self, est) -> bool:
+        return getattr(est, "loss", "squared_error") == "poisson"
+
     def check(self, est):
-        if getattr(est, "loss", "squared_error") != "squared_error":
+        if getattr(est, "loss", "squared_error") not in ("squared_error", "poisson"):
             raise ValueError(
-                f"MLPRegressor(loss={est.loss!r}) is not supported as a template yet: use "
-                "loss='squared_error' in the template and the estimator's loss= parameter."
+                f"MLPRegressor(loss={est.loss!r}) is not supported as a template: use "
+                "loss='squared_error' or 'poisson'."
             )
+
+    def loss(self, est):
+        if self._poisson(est):
+            from . import losses
+
+            return losses.PoissonDeviance(link="log")
+        return "squared_error"
+
+    def initialize(self, est, n_features, n_outputs, rng, dtype=np.float32):
+        super().initialize(est, n_features, n_outputs, rng, dtype)
+        if self._poisson(est):
+            est.out_activation_ = "exp"
+
+    def trained_view(self, est):
+        return _identity_mlp(est) if self._poisson(est) else None
+
+    def output_link(self, est):
+        return "Exp" if self._poisson(est) else None
 
 
 class _MLPClassifier(_MLPFamily):
@@ -550,13 +586,34 @@ class _MLPClassifier(_MLPFamily):
         return True
 
     def trained_view(self, est):
-        from sklearn.neural_network import MLPRegressor
+        return _identity_mlp(est)
 
-        reg = MLPRegressor(hidden_layer_sizes=est.hidden_layer_sizes, activation=est.activation)
-        for attr in ("coefs_", "intercepts_", "n_features_in_", "n_layers_", "n_outputs_"):
-            setattr(reg, attr, getattr(est, attr))
-        reg.out_activation_ = "identity"
-        return reg
+    def fix_export(self, est, model):
+        # skl2onnx exports the probabilities of a two-label multilabel MLPClassifier as
+        # those of a binary problem, Concat([1 - p, p]) of shape (n, 4): keep p.
+        binarizer = getattr(est, "_label_binarizer", None)
+        if getattr(binarizer, "y_type_", "") != "multilabel-indicator" or len(est.classes_) != 2:
+            return
+        proba = model.graph.output[1].name
+        for node in model.graph.node:
+            if node.op_type == "Concat" and list(node.output) == [proba]:
+                p = node.input[-1]
+                node.op_type = "Identity"
+                del node.input[:]
+                del node.attribute[:]
+                node.input.append(p)
+                return
+
+
+def _identity_mlp(est):
+    """An MLPRegressor with ``est``'s layers (its arrays) and an identity output: raw scores."""
+    from sklearn.neural_network import MLPRegressor
+
+    reg = MLPRegressor(hidden_layer_sizes=est.hidden_layer_sizes, activation=est.activation)
+    for attr in ("coefs_", "intercepts_", "n_features_in_", "n_layers_", "n_outputs_"):
+        setattr(reg, attr, getattr(est, attr))
+    reg.out_activation_ = "identity"
+    return reg
 
 
 def _registry() -> dict[type, Family]:

@@ -37,12 +37,19 @@ from __future__ import annotations
 
 import math
 from numbers import Real
+from typing import TYPE_CHECKING
 
-import onnx
-from onnx import TensorProto
+import numpy as np
 from sklearn.base import BaseEstimator
 
-from ._graph import GraphBuilder
+from ._lazy import lazy
+
+if TYPE_CHECKING:
+    from ._graph import GraphBuilder
+
+# imported on first use (``import onnxgrad_sklearn`` does not import onnx)
+onnx = lazy("onnx")
+TensorProto = lazy("onnx", "TensorProto")
 
 __all__ = [
     "CLASSIFICATION_LOSSES",
@@ -104,7 +111,10 @@ class BaseLoss(BaseEstimator):
         g : GraphBuilder
             Where to add nodes.
         y_pred : str
-            Predictions, float32 of shape ``(n_samples, n_outputs)``.
+            Predictions of shape ``(n_samples, n_outputs)``, in the training
+            dtype ``g.dtype`` (float32 or float64): constants made with
+            ``g.const`` follow it, a ``Cast`` to the float type uses
+            ``to=g.elem_type``.
         y_true : str
             Targets, same shape.
 
@@ -208,6 +218,15 @@ class Quantile(BaseLoss):
 class OnnxLoss(BaseLoss):
     """A loss given as an ONNX graph.
 
+    The graph is written in the training dtype (float32 by default, float64
+    with the estimator's ``dtype="float64"``). A float32 graph used to train in
+    float64 is converted where that is exact: its float32 initializers and
+    constants become float64 (every float32 value is a float64 value), its
+    ``Cast(to=FLOAT)`` become ``Cast(to=DOUBLE)``, and the result must pass
+    onnx's type check. A graph computing in float16 or bfloat16, or one whose
+    types do not check after the conversion, is refused with a ``ValueError``;
+    so is a double graph used to train in float32 (narrowing is not exact).
+
     Parameters
     ----------
     model : onnx.ModelProto or onnx.GraphProto
@@ -234,6 +253,7 @@ class OnnxLoss(BaseLoss):
                 f"output (per-sample loss), got inputs {inputs} and "
                 f"{len(graph.output)} outputs."
             )
+        graph = _retype_loss_graph(graph, inputs, g.elem_type)
         prefix = g.unique("onnxloss")
         rename = {inputs[0]: y_pred, inputs[1]: y_true, "": ""}
 
@@ -255,6 +275,118 @@ class OnnxLoss(BaseLoss):
             copy.name = g.unique("n_onnxloss")
             g.nodes.append(copy)
         return name(graph.output[0].name)
+
+
+_NARROW_FLOATS = (10, 16)  # TensorProto.FLOAT16, BFLOAT16 (onnx is imported on first use)
+
+
+def _retype_loss_graph(graph: onnx.GraphProto, inputs, elem_type: int) -> onnx.GraphProto:
+    """Return ``graph`` (an :class:`OnnxLoss` graph) computing in ``elem_type``.
+
+    A float32 graph is converted to double exactly (float32 values are float64
+    values) and type-checked; anything that cannot be converted exactly is
+    refused with a ``ValueError`` saying what to change.
+    """
+    declared = {i.name: i.type.tensor_type.elem_type for i in graph.input}
+    if elem_type == TensorProto.FLOAT:
+        double = [n for n in inputs if declared.get(n) == TensorProto.DOUBLE]
+        if double:
+            raise ValueError(
+                f"OnnxLoss: the graph's inputs {double} are double, the estimator trains in "
+                "float32 (converting a double graph to float32 is not exact): pass "
+                "dtype='float64' to the estimator, or write the loss graph in float32."
+            )
+        return graph
+    if elem_type != TensorProto.DOUBLE:
+        raise ValueError(f"OnnxLoss: unsupported training element type {elem_type}.")
+    out = onnx.GraphProto()
+    out.CopyFrom(graph)
+    changed = _retype_to_double(out, "the loss graph")
+    if changed:
+        _check_loss_types(out)
+    return out
+
+
+def _retype_to_double(graph: onnx.GraphProto, where: str) -> bool:
+    """Turn every float32 tensor type, constant and cast of ``graph`` into double, in place.
+
+    Returns whether anything changed; raises ``ValueError`` on float16/bfloat16.
+    """
+    from onnx import numpy_helper
+
+    def refuse(what):
+        raise ValueError(
+            f"OnnxLoss cannot train in float64: {what} in {where} computes in a narrow float "
+            "type (float16/bfloat16), which a float64 graph cannot mix with. Write the loss "
+            "graph in float32 or float64 only, or train with dtype='float32'."
+        )
+
+    changed = False
+    if len(graph.sparse_initializer):
+        raise ValueError(
+            f"OnnxLoss cannot convert the sparse initializers of {where} to float64: make them "
+            "dense initializers, or write the loss graph in float64."
+        )
+    for k, init in enumerate(graph.initializer):
+        if init.data_type in _NARROW_FLOATS:
+            refuse(f"initializer {init.name!r}")
+        if init.data_type == TensorProto.FLOAT:
+            value = numpy_helper.to_array(init).astype("float64")
+            graph.initializer[k].CopyFrom(numpy_helper.from_array(value, init.name))
+            changed = True
+    for info in [*graph.input, *graph.output, *graph.value_info]:
+        tensor_type = info.type.tensor_type
+        if tensor_type.elem_type in _NARROW_FLOATS:
+            refuse(f"tensor {info.name!r}")
+        if tensor_type.elem_type == TensorProto.FLOAT:
+            tensor_type.elem_type = TensorProto.DOUBLE
+            changed = True
+    for node in graph.node:
+        label = f"node {node.name or node.op_type!r} ({node.op_type})"
+        for attr in list(node.attribute):
+            if attr.name in ("to", "dtype") and attr.type == onnx.AttributeProto.INT:
+                if attr.i in _NARROW_FLOATS:
+                    refuse(label)
+                if attr.i == TensorProto.FLOAT:
+                    attr.i = TensorProto.DOUBLE
+                    changed = True
+            elif attr.type == onnx.AttributeProto.TENSOR:
+                if attr.t.data_type in _NARROW_FLOATS:
+                    refuse(label)
+                if attr.t.data_type == TensorProto.FLOAT:
+                    value = numpy_helper.to_array(attr.t).astype("float64")
+                    attr.t.CopyFrom(numpy_helper.from_array(value, attr.t.name))
+                    changed = True
+            elif node.op_type == "Constant" and attr.name in ("value_float", "value_floats"):
+                value = attr.f if attr.name == "value_float" else list(attr.floats)
+                tensor = numpy_helper.from_array(
+                    np.asarray(value, dtype=np.float32).astype("float64")
+                )
+                node.attribute.remove(attr)
+                node.attribute.append(onnx.helper.make_attribute("value", tensor))
+                changed = True
+            elif attr.type == onnx.AttributeProto.GRAPH:
+                changed |= _retype_to_double(attr.g, f"a subgraph of {label}")
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    changed |= _retype_to_double(sub, f"a subgraph of {label}")
+    return changed
+
+
+def _check_loss_types(graph: onnx.GraphProto) -> None:
+    """Refuse a converted loss graph whose types do not check (onnx's strict inference)."""
+    from .ortgrad import MAX_OPSET
+
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", MAX_OPSET)])
+    try:
+        onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    except Exception as exc:  # noqa: BLE001 - onnx raises several kinds
+        raise ValueError(
+            "OnnxLoss: the float32 loss graph, converted to float64 (constants and "
+            f"Cast(to=FLOAT) retyped), does not type-check: {exc}. Write the loss graph in "
+            "float64 (inputs, constants and casts of type double), or train with "
+            "dtype='float32'."
+        ) from exc
 
 
 class LogLoss(BaseLoss):
@@ -330,7 +462,7 @@ _LINKS = ("log", "identity")
 
 def _mask(g: GraphBuilder, op_type: str, a: str, b: str) -> str:
     """Return ``float(a <op> b)``: a 0/1 tensor that carries no gradient."""
-    return g.op("Cast", g.op(op_type, a, b), to=TensorProto.FLOAT)
+    return g.op("Cast", g.op(op_type, a, b), to=g.elem_type)
 
 
 def _log_target(g: GraphBuilder, y_true: str) -> str:

@@ -97,6 +97,29 @@ class OrtGradientRegressor(RegressorMixin, BaseOrtGradient):
         training graph, the standard backend otherwise, and logs the choice at
         INFO; ``backend_`` records what ran. See ``docs/how_it_works.md`` for
         the operators each backend differentiates.
+    dtype : {"float32", "float64"} or None, default="float32"
+        The float type training computes in: the converted graph, the loss and
+        its constants, the weights, gradients and optimizer state, the update
+        and the validation score. ``"float32"`` is the fastest; ``"float64"``
+        gives MLPRegressor's numbers to machine precision (``estimator_`` then holds
+        float64 arrays, ``to_onnx()`` a graph with a ``tensor(double)`` input,
+        ``to_onnx(dtype="float32")`` a float32 graph of the same model);
+        ``None`` follows ``X`` as MLPRegressor does (float32 data trains in float32,
+        anything else in float64). float64 trains on the standard backend
+        (``backend="auto"`` picks it; ``backend="agent"`` is refused). A
+        continued fit (``warm_start``, ``partial_fit``) keeps the dtype of the
+        first.
+    n_jobs : int or None, default=None
+        onnxruntime's intra-op threads for the training and inference sessions
+        (the update of the TrainingAgent backend runs on one thread). ``None``:
+        the runtime's default (one thread per physical core, the fastest on
+        the benchmark), but never more than the inner thread limit of the
+        process: the OpenMP threads set by ``threadpoolctl`` or
+        ``OMP_NUM_THREADS``, which joblib's process workers receive
+        (``cpu_count() // n_jobs`` in ``GridSearchCV(n_jobs=...)``), and one
+        thread inside a joblib thread worker. So a parallel search does not
+        oversubscribe the CPUs. A positive number: that many threads. ``-1``:
+        every CPU (within the limit), ``-2`` all but one, as in joblib.
 
     Attributes
     ----------
@@ -151,7 +174,8 @@ class OrtGradientRegressor(RegressorMixin, BaseOrtGradient):
 
     def _validate_targets(self, y, first_call, incremental=False, classes=None):
         y = np.asarray(y)
-        return np.ascontiguousarray(y.reshape(y.shape[0], -1), dtype=np.float32), {}
+        # float64 here (exact for any float y), the training dtype in the shared fit
+        return np.ascontiguousarray(y.reshape(y.shape[0], -1), dtype=np.float64), {}
 
     def _score_validation(self, X, y, sample_weight, prediction):
         return r2_score(y, prediction.reshape(y.shape), sample_weight=sample_weight)
@@ -162,7 +186,7 @@ class OrtGradientRegressor(RegressorMixin, BaseOrtGradient):
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features)
-            Training data (trained in float32).
+            Training data (trained in the ``dtype`` parameter's type).
         y : array-like of shape (n_samples,) or (n_samples, n_outputs)
             Targets.
         sample_weight : array-like of shape (n_samples,), default=None
@@ -212,7 +236,8 @@ class OrtGradientRegressor(RegressorMixin, BaseOrtGradient):
         Returns
         -------
         ndarray of shape (n_samples,) or (n_samples, n_outputs)
-            Predictions (float64 copies of the runtime's float32 output).
+            Predictions, float64 (from the float64 graph after a
+            ``dtype="float64"`` fit, copies of its float32 output otherwise).
         """
         outputs = self._run_onnx(X)
         pred = outputs[self._export_model.graph.output[0].name].astype(np.float64)

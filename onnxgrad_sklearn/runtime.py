@@ -6,18 +6,24 @@ Everything here exists in every onnxruntime build, the plain inference package
 binding. The training bindings (``TrainingAgent``, ``OrtModuleGraphBuilder``)
 are only touched by :mod:`onnxgrad_sklearn.backends.agent`.
 
-Importing this module also checks that only one onnxruntime distribution is
-installed: they all install the module ``onnxruntime`` and overwrite each
-other's files.
+onnxruntime is imported on first use (:func:`bindings`), not with this module, so
+that ``import onnxgrad_sklearn`` stays light. That first use also checks that
+only one onnxruntime distribution is installed (they all install the module
+``onnxruntime`` and overwrite each other's files) and that its bindings are
+complete.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import logging
 import math
+import os
 import sys
+import threading
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,8 +32,12 @@ __all__ = [
     "BoundRun",
     "DoubleBuffers",
     "OrtValue",
+    "bindings",
     "check_single_runtime",
     "device_to_providers",
+    "import_onnxruntime",
+    "inner_thread_limit",
+    "intra_op_threads",
     "ortvalue_view",
     "run_with_ortvalues",
     "session_options",
@@ -83,31 +93,160 @@ def check_single_runtime(installed: Sequence[str] | None = None) -> None:
     )
 
 
-check_single_runtime()
+@functools.cache
+def bindings():
+    """Import onnxruntime on first use and return its C bindings (``_pybind_state``).
 
-import onnxruntime  # noqa: E402 - after the check: a broken install fails clearly
-from onnxruntime.capi import _pybind_state as _C  # noqa: E402
+    The checks run first: one onnxruntime distribution installed
+    (:func:`check_single_runtime`), then bindings that have ``OrtValue``,
+    ``OrtDevice`` and the IO binding. A failed check is not cached: it raises
+    again at the next call.
 
-if not all(hasattr(_C, name) for name in ("OrtValue", "OrtDevice", "SessionIOBinding")):
-    raise ImportError(
-        f"The installed onnxruntime ({getattr(onnxruntime, '__version__', 'unknown')}) is "
-        "incomplete: its bindings lack OrtValue, OrtDevice or SessionIOBinding (another "
-        "package may have overwritten its files). Reinstall it: 'pip uninstall -y "
-        f"{' '.join(ONNXRUNTIME_DISTRIBUTIONS)} && pip install "
-        "onnxruntime-training-cpu==1.19.2' (Python <= 3.12, both backends) or "
-        "'... && pip install onnxruntime' (the standard backend)."
-    )
+    Raises
+    ------
+    ImportError
+        Saying which distributions to uninstall and which to install.
+    """
+    check_single_runtime()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    import onnxruntime  # after the check: a broken install fails clearly
+    from onnxruntime.capi import _pybind_state as _C
 
-OrtValue = _C.OrtValue
+    # The training build's import logs through the root logger, which then gets a
+    # default handler: logging.basicConfig(...) called later would do nothing.
+    # Whatever the import added to the root logger is taken back.
+    for handler in root.handlers[:]:
+        if handler not in handlers:
+            root.removeHandler(handler)
+    root.setLevel(level)
+
+    if not all(hasattr(_C, name) for name in ("OrtValue", "OrtDevice", "SessionIOBinding")):
+        raise ImportError(
+            f"The installed onnxruntime ({getattr(onnxruntime, '__version__', 'unknown')}) is "
+            "incomplete: its bindings lack OrtValue, OrtDevice or SessionIOBinding (another "
+            "package may have overwritten its files). Reinstall it: 'pip uninstall -y "
+            f"{' '.join(ONNXRUNTIME_DISTRIBUTIONS)} && pip install "
+            "onnxruntime-training-cpu==1.19.2' (Python <= 3.12, both backends) or "
+            "'... && pip install onnxruntime' (the standard backend)."
+        )
+    logger.debug("onnxruntime %s imported", getattr(onnxruntime, "__version__", "unknown"))
+    return _C
+
+
+def import_onnxruntime():
+    """Return the ``onnxruntime`` module, imported on first use (checked by :func:`bindings`)."""
+    bindings()
+    return sys.modules["onnxruntime"]
+
+
+if TYPE_CHECKING:
+    import onnxruntime
+    from onnxruntime.capi._pybind_state import OrtValue
+
+
+def __getattr__(name):
+    # ``OrtValue`` (the runtime's value type) is looked up on first use.
+    if name == "OrtValue":
+        return bindings().OrtValue
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def session_options(threads: int = 0) -> onnxruntime.SessionOptions:
     """Session options of the package's sessions (``threads=0``: the runtime's default)."""
-    so = onnxruntime.SessionOptions()
+    so = import_onnxruntime().SessionOptions()
     so.log_severity_level = 3
     if threads:
         so.intra_op_num_threads = threads
     return so
+
+
+#: Intra-op threads of a session when ``n_jobs=None`` and nothing limits the
+#: threads (0: the runtime's default, one per physical core); chosen from the
+#: benchmark's MLP workloads (``docs/performance.md``, "Threads").
+DEFAULT_THREADS = 0
+
+
+@functools.cache
+def _thread_controller():
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()
+
+
+def _env_threads() -> int | None:
+    value = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def inner_thread_limit() -> int | None:
+    """Return the most threads a parallel region of this process should use, or None.
+
+    What limits OpenMP limits onnxruntime's intra-op threads too (onnxruntime
+    itself ignores both):
+
+    * the number of threads of the loaded OpenMP runtimes, read live through
+      threadpoolctl: it follows ``threadpool_limits(...)`` and
+      ``OMP_NUM_THREADS``, which joblib's process workers (loky) receive as the
+      inner thread limit (``cpu_count() // n_jobs``, or ``inner_max_num_threads``
+      of ``joblib.parallel_config``);
+    * ``OMP_NUM_THREADS`` itself where no OpenMP runtime is loaded;
+    * one thread inside a thread of a joblib worker pool (the threading backend,
+      dask): the other tasks of the pool run at the same time in this process.
+
+    Returns
+    -------
+    int or None
+        The limit, or None when it is not below the number of CPUs of the process.
+    """
+    from joblib import cpu_count
+
+    openmp = [c.num_threads for c in _thread_controller().lib_controllers if c.user_api == "openmp"]
+    limits = [min(openmp)] if openmp else []
+    if not openmp and _env_threads() is not None:
+        limits.append(_env_threads())
+    if _in_joblib_worker_thread():
+        limits.append(1)
+    limit = min(limits, default=None)
+    return limit if limit is not None and limit < cpu_count() else None
+
+
+def _in_joblib_worker_thread() -> bool:
+    # joblib runs each task under its nested backend (nesting_level >= 1); a process
+    # worker runs it in its main thread, a thread pool in one of its threads.
+    if threading.current_thread() is threading.main_thread():
+        return False
+    from joblib.parallel import get_active_backend
+
+    return getattr(get_active_backend()[0], "nesting_level", 0) > 0
+
+
+def intra_op_threads(n_jobs: int | None = None) -> int:
+    """Return the intra-op threads of the sessions of an estimator with this ``n_jobs``.
+
+    Parameters
+    ----------
+    n_jobs : int or None, default=None
+        ``None``: :data:`DEFAULT_THREADS`, but never more than
+        :func:`inner_thread_limit`. A positive number: that many threads. A
+        negative one counts from the CPUs available (``-1`` all of them, ``-2``
+        all but one), as joblib does; within a limit, from the limit.
+
+    Returns
+    -------
+    int
+        Threads for ``SessionOptions.intra_op_num_threads`` (0: the runtime's default).
+    """
+    if n_jobs is not None and n_jobs > 0:
+        return int(n_jobs)
+    limit = inner_thread_limit()
+    if n_jobs is None:
+        if limit is None:
+            return DEFAULT_THREADS
+        return limit if DEFAULT_THREADS == 0 else min(DEFAULT_THREADS, limit)
+    from joblib import cpu_count
+
+    return max((cpu_count() if limit is None else limit) + 1 + int(n_jobs), 1)
 
 
 def device_to_providers(device: str) -> tuple[list[str], int]:
@@ -140,7 +279,7 @@ def device_to_providers(device: str) -> tuple[list[str], int]:
         index_text = name[5:] if name.startswith("cuda:") else "0"
         if not index_text.isdigit():
             raise ValueError(f"device={device!r} is not valid: use 'cuda' or 'cuda:N'.")
-        available = onnxruntime.get_available_providers()
+        available = import_onnxruntime().get_available_providers()
         if "CUDAExecutionProvider" not in available:
             raise ValueError(
                 f"device={device!r} needs a CUDA build of onnxruntime, but the installed "
@@ -156,6 +295,7 @@ def device_to_providers(device: str) -> tuple[list[str], int]:
 
 def ort_device(provider: str, device_index: int):
     """The runtime's ``OrtDevice`` for an execution provider and a device index."""
+    _C = bindings()
     if provider == "CUDAExecutionProvider":
         kind = _C.OrtDevice.cuda()
     else:
@@ -184,7 +324,7 @@ def to_ortvalue(array: np.ndarray, device: str = "cpu") -> OrtValue:
     """
     array = np.ascontiguousarray(array)
     providers, index = device_to_providers(device)
-    value = OrtValue.ortvalue_from_shape_and_type(
+    value = bindings().OrtValue.ortvalue_from_shape_and_type(
         list(array.shape), array.dtype.type, ort_device(providers[0], index)
     )
     value.update_inplace(array)
@@ -212,7 +352,7 @@ def ortvalue_view(array: np.ndarray, device: str = "cpu") -> OrtValue:
     if not array.flags.c_contiguous:
         raise ValueError("ortvalue_view needs a C-contiguous array.")
     providers, index = device_to_providers(device)
-    return OrtValue.ortvalue_from_numpy(array, ort_device(providers[0], index))
+    return bindings().OrtValue.ortvalue_from_numpy(array, ort_device(providers[0], index))
 
 
 def run_with_ortvalues(
@@ -272,8 +412,8 @@ class BoundRun:
         if missing:
             raise ValueError(f"outputs {sorted(missing)} are not bound.")
         self._session = session
-        self._binding = _C.SessionIOBinding(session._sess)
-        self._run_options = onnxruntime.RunOptions()
+        self._binding = bindings().SessionIOBinding(session._sess)
+        self._run_options = import_onnxruntime().RunOptions()
         self._kept = (dict(inputs), dict(outputs))  # the binding does not own them
         for name, value in inputs.items():
             self._binding.bind_ortvalue_input(name, value)
@@ -290,7 +430,8 @@ class BoundRun:
 class DoubleBuffers:
     """Weights and optimizer state in two sets of vectors an update alternates between.
 
-    Each set holds the weights end to end in one float32 vector, and each state
+    Each set holds the weights end to end in one vector (float32, or the
+    ``dtype`` given), and each state
     (velocity, moments) in another. An update reads the current set and writes
     the other through IO binding: nothing is allocated per batch, and the values
     before the last update stay intact until the next one (a free undo). Every
@@ -307,6 +448,8 @@ class DoubleBuffers:
         Number of sets. The standard backend keeps three: its fused step writes
         the update even when the loss turns out non-finite, into a set that is
         neither the current one nor the one before the last update.
+    dtype : numpy dtype, default=numpy.float32
+        Type of the vectors (the training dtype).
 
     Attributes
     ----------
@@ -320,12 +463,15 @@ class DoubleBuffers:
         The parity of the set that holds the current values.
     """
 
-    def __init__(self, shapes: Sequence[Sequence[int]], n_state: int, n_sets: int = 2):
+    def __init__(
+        self, shapes: Sequence[Sequence[int]], n_state: int, n_sets: int = 2, dtype=np.float32
+    ):
+        self.dtype = np.dtype(dtype)
         sizes = [math.prod(shape) for shape in shapes]
         offsets = np.cumsum([0, *sizes])
         self.size = int(offsets[-1])
         self.arrays = [
-            [np.zeros(self.size, dtype=np.float32) for _ in range(1 + n_state)]
+            [np.zeros(self.size, dtype=self.dtype) for _ in range(1 + n_state)]
             for _ in range(n_sets)
         ]
         self.views = [
@@ -352,7 +498,7 @@ class DoubleBuffers:
     def write(self, k: int, arrays, start: int = 0) -> None:
         """Copy ``arrays`` (weights ``start``, ``start + 1``...) into vector ``k`` of this set."""
         for view, array in zip(self.views[self.current][k][start:], arrays):
-            np.copyto(view, np.asarray(array, dtype=np.float32).reshape(view.shape))
+            np.copyto(view, np.asarray(array, dtype=self.dtype).reshape(view.shape))
 
     def copy(self) -> list[np.ndarray]:
         """Copies of the current set's vectors."""

@@ -26,13 +26,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import onnx
-from onnx import TensorProto, numpy_helper
 from sklearn.pipeline import Pipeline
 from sklearn.utils.validation import check_is_fitted
 
+from ._lazy import lazy
 from .families import ParamRef, family_of, supported_names
-from .ortgrad import MAX_ML_OPSET, MAX_OPSET, pin_versions
+
+# imported on first use (``import onnxgrad_sklearn`` does not import onnx)
+onnx = lazy("onnx")
+numpy_helper = lazy("onnx.numpy_helper")
+TensorProto = lazy("onnx", "TensorProto")
 
 __all__ = ["ConvertedTemplate", "ParamRef", "convert_template", "final_estimator"]
 
@@ -57,7 +60,7 @@ def trained_view(est):
     return view
 
 
-def export_model(est, n_features: int) -> onnx.ModelProto:
+def export_model(est, n_features: int, dtype=np.float32) -> onnx.ModelProto:
     """Convert a fitted template with skl2onnx, as the estimators export it.
 
     Parameters
@@ -65,7 +68,11 @@ def export_model(est, n_features: int) -> onnx.ModelProto:
     est : estimator or Pipeline
         Fitted (or with its parameters set).
     n_features : int
-        Number of input features (input ``X``, float32).
+        Number of input features (input ``X``).
+    dtype : numpy dtype, default=numpy.float32
+        Type of the input ``X`` and of the whole graph: skl2onnx converts with a
+        float initial type (float32 weights) or, for float64, a double one
+        (double weights, every operator in double).
 
     Returns
     -------
@@ -75,12 +82,18 @@ def export_model(est, n_features: int) -> onnx.ModelProto:
     """
     from skl2onnx import to_onnx
 
+    from ._passes import MAX_ML_OPSET, MAX_OPSET, pin_versions
+
     final = final_estimator(est)
     family = family_of(final)
     options = family.export_options(final)
+    link = family.output_link(final)
+    if link is not None:  # converted without its output function, appended below
+        view = family.trained_view(final)
+        est = Pipeline(est.steps[:-1] + [(est.steps[-1][0], view)]) if est is not final else view
     model = to_onnx(
         est,
-        np.zeros((1, n_features), dtype=np.float32),
+        np.zeros((1, n_features), dtype=_float_dtype(dtype)),
         target_opset={"": MAX_OPSET, "ai.onnx.ml": MAX_ML_OPSET},
         black_op=set(family.black_op),
         options={id(final): options} if options else None,
@@ -88,7 +101,28 @@ def export_model(est, n_features: int) -> onnx.ModelProto:
     n_outputs = getattr(final, "n_outputs_", 1)
     if type(final).__name__ == "MLPRegressor" and n_outputs > 1:
         _reshape_output(model, n_outputs)
+    if link is not None:
+        _append_to_output(model, link)
+    family.fix_export(final, model)
     return pin_versions(model)
+
+
+def _append_to_output(model: onnx.ModelProto, op_type: str) -> None:
+    """Apply the unary operator ``op_type`` to the first output, which keeps its name."""
+    output = model.graph.output[0].name
+    raw = output + "_raw"
+    for node in model.graph.node:
+        for k, name in enumerate(node.output):
+            if name == output:
+                node.output[k] = raw
+    model.graph.node.append(onnx.helper.make_node(op_type, [raw], [output], name=raw + "_link"))
+
+
+def _float_dtype(dtype) -> np.dtype:
+    dtype = np.dtype(dtype)
+    if dtype not in (np.float32, np.float64):
+        raise ValueError(f"dtype must be float32 or float64, got {dtype}.")
+    return dtype
 
 
 def _reshape_output(model: onnx.ModelProto, n_outputs: int) -> None:
@@ -121,6 +155,17 @@ def final_estimator(template):
     if isinstance(template, Pipeline):
         return template.steps[-1][1]
     return template
+
+
+def unfitted_head_steps(template) -> list[str]:
+    """Names of the steps in front of a Pipeline's final model that are not fitted yet."""
+    if not isinstance(template, Pipeline):
+        return []
+    return [
+        name
+        for name, step in template.steps[:-1]
+        if step not in (None, "passthrough") and not _is_fitted(step)
+    ]
 
 
 def _is_fitted(est) -> bool:
@@ -179,7 +224,7 @@ def _match(init: np.ndarray, value: np.ndarray):
     """Return 'reshape' or 'transpose' if ``init`` holds ``value``, else None."""
     if init.size != value.size or init.size == 0:
         return None
-    target = value.astype(np.float32)
+    target = value.astype(init.dtype)
     if np.array_equal(init.ravel(), target.ravel()):
         return "reshape"
     if target.ndim == 2 and np.array_equal(init.ravel(), target.T.ravel()):
@@ -194,8 +239,8 @@ class ConvertedTemplate:
     Attributes
     ----------
     model : onnx.ModelProto
-        Inference graph (input ``X``, float32), initializers holding the values
-        of the estimator it was made from.
+        Inference graph (input ``X``, float32 or double: :attr:`dtype`),
+        initializers holding the values of the estimator it was made from.
     params : list of ParamRef
         Parameters of the final model.
     initializer_names : list of str
@@ -223,8 +268,15 @@ class ConvertedTemplate:
         state["model"] = onnx.load_from_string(state["model"])
         self.__dict__.update(state)
 
+    @property
+    def dtype(self) -> np.dtype:
+        """The graph's float type: float32, or float64 for a double graph."""
+        from ._graph import model_dtype
+
+        return model_dtype(self.model)
+
     def initializer_values(self) -> list[np.ndarray]:
-        """Return the current values of the parameters' initializers (float32)."""
+        """Return the current values of the parameters' initializers (in :attr:`dtype`)."""
         by_name = {i.name: i for i in self.model.graph.initializer}
         return [numpy_helper.to_array(by_name[n]).copy() for n in self.initializer_names]
 
@@ -240,6 +292,7 @@ class ConvertedTemplate:
             new = graph.initializer.add()
             if init.name in names:
                 new.name = init.name
+                new.data_type = init.data_type
                 new.dims.extend(init.dims)
             else:
                 new.CopyFrom(init)
@@ -249,8 +302,9 @@ class ConvertedTemplate:
     def values_from(self, final) -> list[np.ndarray]:
         """Return the parameters of ``final`` laid out as this graph's initializers."""
         values = []
+        dtype = self.dtype
         for ref, layout in zip(self.params, self.layouts):
-            value = ref.get(final).astype(np.float32)
+            value = ref.get(final).astype(dtype)
             values.append(value.T if layout == "transpose" else value)
         return values
 
@@ -258,8 +312,11 @@ class ConvertedTemplate:
         """Store initializer ``values`` into the parameters of ``final`` (in place)."""
         for ref, layout, value in zip(self.params, self.layouts, values):
             old = ref.get(final)
-            dtype = old.dtype if np.issubdtype(old.dtype, np.floating) else np.float64
             value = np.asarray(value)
+            # the parameter's own float type, widened to the trained one (float64
+            # training gives float64 arrays, float32 training keeps a float64 coef_)
+            dtype = old.dtype if np.issubdtype(old.dtype, np.floating) else np.float64
+            dtype = np.promote_types(dtype, value.dtype)
             if layout == "transpose":
                 new = value.reshape(old.shape[::-1]).T
             else:
@@ -275,7 +332,8 @@ def prepare_template(template, X, n_outputs, random_state):
     template : estimator or Pipeline
         What the user passed; never modified.
     X : ndarray of shape (n_samples, n_features)
-        Training data, used to fit unfitted preprocessing steps.
+        Training data, used to fit unfitted preprocessing steps; its dtype
+        (the training dtype) is that of an unfitted MLP's initial weights.
     n_outputs : int
         Width of the output layer of an unfitted model.
     random_state : RandomState
@@ -307,14 +365,15 @@ def prepare_template(template, X, n_outputs, random_state):
             if all(_is_fitted(s) for _, s in head.steps)
             else head.fit_transform(X)
         )
-        n_features = np.asarray(Xt).shape[1]
+        n_features = Xt.shape[1] if hasattr(Xt, "shape") else np.asarray(Xt).shape[1]  # sparse too
     else:
         n_features = X.shape[1]
-    family_of(final).initialize(final, n_features, n_outputs, random_state)
+    dtype = X.dtype if X.dtype in (np.float32, np.float64) else np.float32
+    family_of(final).initialize(final, n_features, n_outputs, random_state, dtype=dtype)
     return est, False
 
 
-def convert_template(est, n_features: int) -> ConvertedTemplate:
+def convert_template(est, n_features: int, dtype=np.float32) -> ConvertedTemplate:
     """Convert a prepared template to ONNX and locate its parameters.
 
     Parameters
@@ -323,6 +382,9 @@ def convert_template(est, n_features: int) -> ConvertedTemplate:
         Fitted or initialised by :func:`prepare_template`.
     n_features : int
         Number of input features.
+    dtype : numpy dtype, default=numpy.float32
+        The graph's float type (:func:`export_model`): float64 gives a double
+        graph holding the parameters in double.
 
     Returns
     -------
@@ -337,7 +399,7 @@ def convert_template(est, n_features: int) -> ConvertedTemplate:
     # initializers get the real arrays. Full-size markers are the fallback.
     for shapes in (family.marker_shapes(values), [v.shape for v in values]):
         try:
-            return _convert_with_markers(est, final, params, values, shapes, n_features)
+            return _convert_with_markers(est, final, params, values, shapes, n_features, dtype)
         except _LayoutError:
             continue
     raise AssertionError("unreachable: full-size markers always have a layout")
@@ -347,7 +409,7 @@ class _LayoutError(Exception):
     """The real shape of an initializer cannot be told from the small markers."""
 
 
-def _convert_with_markers(est, final, params, values, shapes, n_features):
+def _convert_with_markers(est, final, params, values, shapes, n_features, dtype=np.float32):
     marker_final = copy.deepcopy(final)
     rng = np.random.RandomState(1234)
     markers = []
@@ -361,10 +423,11 @@ def _convert_with_markers(est, final, params, values, shapes, n_features):
         marker_est = Pipeline(est.steps[:-1] + [(est.steps[-1][0], marker_final)])
     else:
         marker_est = marker_final
-    model = export_model(marker_est, n_features)
+    model = export_model(marker_est, n_features, dtype)
 
     names, layouts = [], []
-    floats = [i for i in model.graph.initializer if i.data_type == TensorProto.FLOAT]
+    elem_type = onnx.helper.np_dtype_to_tensor_dtype(_float_dtype(dtype))
+    floats = [i for i in model.graph.initializer if i.data_type == elem_type]
     for ref, marker in zip(params, markers):
         found = [
             (init.name, _match(numpy_helper.to_array(init), marker))
@@ -406,18 +469,24 @@ def _copy_fields(source, target, skip: str):
 
 
 def _set_values(model: onnx.ModelProto, names: Sequence[str], values) -> None:
-    """Write float32 ``values`` into the initializers ``names`` of ``model``, keeping their dims."""
+    """Write ``values`` into the initializers ``names`` of ``model``, keeping their dims.
+
+    A double initializer gets float64 values, any other float32 ones.
+    """
     index = {name: k for k, name in enumerate(names)}
     for init in model.graph.initializer:
         if init.name in index:
-            array = np.asarray(values[index[init.name]], dtype=np.float32)
+            double = init.data_type == TensorProto.DOUBLE
+            array = np.asarray(values[index[init.name]], dtype=np.float64 if double else np.float32)
             if array.size != math.prod(init.dims):
                 raise ValueError(
                     f"initializer {init.name!r} has dims {list(init.dims)}, got {array.shape}."
                 )
             init.ClearField("float_data")
-            init.data_type = TensorProto.FLOAT
-            init.raw_data = np.ascontiguousarray(array).astype("<f4", copy=False).tobytes()
+            init.ClearField("double_data")
+            init.data_type = TensorProto.DOUBLE if double else TensorProto.FLOAT
+            little = "<f8" if double else "<f4"
+            init.raw_data = np.ascontiguousarray(array).astype(little, copy=False).tobytes()
 
 
 def _real_dims(dims, layout, marker_shape, real_shape):

@@ -371,3 +371,51 @@ def test_default_parameters_score_as_scikit_learn_on_bundled_data():
         assert ours >= theirs - 0.02, (name, template, ours, theirs)
         if template.startswith("MLP"):  # the same trajectory as scikit-learn's own
             assert ours == pytest.approx(theirs, abs=2e-3), (name, template)
+
+
+def test_poisson_mlp_template_gives_mlpregressors_own_fit_and_exports_its_exp_output():
+    rng = np.random.RandomState(0)
+    X = rng.randn(300, 4)
+    y = rng.poisson(np.exp(0.5 * X[:, 0] - 0.3 * X[:, 1]))
+    params = dict(hidden_layer_sizes=(8,), max_iter=10, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        ref = MLPRegressor(loss="poisson", **params).fit(X, y)
+        template = MLPRegressor(loss="poisson", hidden_layer_sizes=(8,))
+        ours = OrtGradientRegressor(template, max_iter=10, random_state=0).fit(X, y)
+    assert type(ours._loss_) is L.PoissonDeviance
+    np.testing.assert_allclose(ours.loss_curve_, ref.loss_curve_, rtol=1e-5)
+    for a, b in zip(ours.estimator_.coefs_, ref.coefs_):
+        assert rel_error(a, b) < 1e-4
+    np.testing.assert_allclose(_onnx_predict(ours, X)[0].ravel(), ours.predict(X), rtol=1e-6)
+    np.testing.assert_allclose(ours.estimator_.predict(X), ours.predict(X), rtol=1e-5)
+    assert (ours.predict(X) > 0).all()  # the exp link, in the export too
+
+
+@pytest.mark.parametrize("n_labels", [2, 3])
+def test_multilabel_mlp_classifier_follows_mlpclassifier(n_labels):
+    from sklearn.datasets import make_multilabel_classification
+
+    X, Y = make_multilabel_classification(
+        n_samples=200, n_features=5, n_classes=n_labels, random_state=0
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        ref = MLPClassifier(hidden_layer_sizes=(6,), max_iter=10, random_state=0).fit(X, Y)
+        template = MLPClassifier(hidden_layer_sizes=(6,))
+        ours = OrtGradientClassifier(template, max_iter=10, random_state=0).fit(X, Y)
+    assert ours.n_outputs_ == n_labels
+    np.testing.assert_array_equal(ours.classes_, ref.classes_)
+    np.testing.assert_allclose(ours.loss_curve_, ref.loss_curve_, rtol=1e-5)
+    for a, b in zip(ours.estimator_.coefs_, ref.coefs_):
+        assert rel_error(a, b) < 1e-4
+    proba = ours.predict_proba(X)
+    assert proba.shape == (200, n_labels)
+    np.testing.assert_allclose(proba, ours.estimator_.predict_proba(X), atol=1e-5)
+    np.testing.assert_array_equal(ours.predict(X), ours.estimator_.predict(X))
+    label, onnx_proba = _onnx_predict(ours, X)
+    np.testing.assert_allclose(onnx_proba, proba, atol=1e-5)
+    np.testing.assert_array_equal(label, ours.predict(X))
+    np.testing.assert_allclose(np.exp(ours.predict_log_proba(X)), proba, rtol=1e-10)
+    with pytest.raises(ValueError, match="Multilabel targets need an MLPClassifier template"):
+        OrtGradientClassifier(LogisticRegression()).fit(X, Y)

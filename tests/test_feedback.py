@@ -188,3 +188,30 @@ def test_early_stopping_says_when_it_stopped_and_which_epoch_is_kept(caplog):
     assert len(lines) == 1
     assert f"Early stopping at epoch {est.n_iter_}" in lines[0]
     assert f"Keeping the weights of epoch {kept}" in lines[0]
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_the_logging_recipe_works_before_or_after_the_runtime_is_loaded(when):
+    import subprocess
+    import sys
+    import textwrap
+
+    configure = "logging.basicConfig(level=logging.INFO)"
+    code = textwrap.dedent(
+        f"""
+        import logging, warnings
+        import numpy as np
+        warnings.simplefilter("ignore")
+        {configure if when == "before" else ""}
+        from onnxgrad_sklearn import OrtGradientRegressor
+        X = np.random.RandomState(0).rand(50, 3); y = X.sum(axis=1)
+        OrtGradientRegressor(max_iter=2).fit(X, y)  # the runtime is loaded here
+        {configure if when == "after" else ""}
+        OrtGradientRegressor(max_iter=2).fit(X, y)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.startswith("INFO:onnxgrad_sklearn")]
+    assert any("Iteration 2, loss" in line for line in lines)
+    assert any("backend:" in line for line in lines)

@@ -405,9 +405,10 @@ def test_cuda_device_without_cuda_build_says_what_to_install(regression_data):
         OrtGradientRegressor(device="tpu").fit(X, y)
 
 
-def test_an_incomplete_onnxruntime_is_refused_at_import_with_the_fix(tmp_path):
+def test_an_incomplete_onnxruntime_is_refused_at_first_use_with_the_fix(tmp_path):
     # A module 'onnxruntime' without OrtValue and IO binding (overwritten files): plain
     # onnxruntime itself is fine (the standard backend), see tests/test_backends.py.
+    # The package imports without onnxruntime; the first fit checks it.
     fake = tmp_path / "onnxruntime"
     (fake / "capi").mkdir(parents=True)
     (fake / "__init__.py").write_text("__version__ = '1.19.2'\n")
@@ -417,14 +418,19 @@ def test_an_incomplete_onnxruntime_is_refused_at_import_with_the_fix(tmp_path):
         f"""
         import sys
         sys.path.insert(0, {str(tmp_path)!r})
+        import numpy as np
+        import onnxgrad_sklearn
+        print("IMPORTED")
+        X = np.arange(20, dtype=np.float32).reshape(10, 2)
         try:
-            import onnxgrad_sklearn
+            onnxgrad_sklearn.OrtGradientRegressor(max_iter=1).fit(X, X[:, 0])
         except ImportError as exc:
             print("IMPORTERROR", exc)
         """
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert "IMPORTERROR" in out.stdout
+    assert "IMPORTED" in out.stdout, out.stderr
+    assert "IMPORTERROR" in out.stdout, out.stderr
     assert "pip install onnxruntime-training-cpu==1.19.2" in out.stdout
 
 

@@ -58,7 +58,7 @@ def _bad_inputs(X, y):
         "empty X": (X[:0], y[:0], ValueError, "0 sample"),
         "object X": (X_str, y, ValueError, "could not convert string to float"),
         "complex X": (X + 1j, y, ValueError, "Complex data not supported"),
-        "sparse X": (sp.csr_matrix(X), y, TypeError, r"dense data is required.*toarray"),
+        "sparse X with inf": (sp.csr_matrix(X_inf), y, ValueError, "Input X contains infinity"),
         "too few features": (X[:, :3], y, ValueError, "X has 3 features, but .* expecting 4"),
     }
 

@@ -127,7 +127,7 @@ def _check_name(backend: str) -> None:
         raise ValueError(f"backend={backend!r} is not valid: use 'auto', 'agent' or 'standard'.")
 
 
-def check_backend(backend: str, device: str) -> None:
+def check_backend(backend: str, device: str, dtype=np.float32) -> None:
     """Refuse an explicit backend that cannot run here, before any conversion.
 
     Parameters
@@ -136,6 +136,9 @@ def check_backend(backend: str, device: str) -> None:
         The estimator's ``backend`` parameter.
     device : str
         The estimator's ``device``.
+    dtype : numpy dtype, default=numpy.float32
+        The training dtype: float64 trains on the standard backend only (the
+        TrainingAgent's gradient kernels are float32).
 
     Raises
     ------
@@ -143,6 +146,19 @@ def check_backend(backend: str, device: str) -> None:
         Naming what is missing and the other backend.
     """
     _check_name(backend)
+    if np.dtype(dtype) == np.float64:
+        if backend == "agent":
+            raise ValueError(
+                "backend='agent' cannot train in float64: onnxruntime-training's "
+                "TrainingAgent has float32 gradient kernels only. Use backend='standard' "
+                "(or 'auto', which picks it for float64), or dtype='float32'."
+            )
+        if device_to_providers(device)[0][0] != "CPUExecutionProvider":
+            raise ValueError(
+                f"dtype='float64' trains on the standard backend, which runs on the CPU "
+                f"only in this version, and device={device!r} was asked for: use "
+                "device='cpu', or dtype='float32' (the TrainingAgent on CUDA)."
+            )
     if backend == "agent" and not agent_available():
         import onnxruntime
 
@@ -167,7 +183,8 @@ def choose_backend(
 
     ``"auto"`` picks the TrainingAgent where the training build is installed and
     its gradient builder knows every operator on the differentiated path, and the
-    standard backend otherwise; the choice is logged at INFO.
+    standard backend otherwise (always for a float64 training graph: the agent's
+    kernels are float32); the choice is logged at INFO.
 
     Parameters
     ----------
@@ -185,9 +202,13 @@ def choose_backend(
     ValueError
         When an explicit choice cannot train this graph here.
     """
-    check_backend(backend, device)
+    double = _is_double(training)
+    check_backend(backend, device, np.float64 if double else np.float32)
     if backend == "standard":
         return backend
+    if double:
+        logger.info("backend: standard (the training graph is float64)")
+        return "standard"
     unsupported = agent_unsupported_ops(training, weight_names)
     if backend == "agent":
         if unsupported:
@@ -213,6 +234,11 @@ def choose_backend(
         )
     logger.info("backend: standard (%s)", reason)
     return "standard"
+
+
+def _is_double(training: onnx.ModelProto) -> bool:
+    inputs = training.graph.input
+    return bool(inputs) and inputs[0].type.tensor_type.elem_type == onnx.TensorProto.DOUBLE
 
 
 def make_backend(name: str, **kwargs) -> Backend:
@@ -291,6 +317,8 @@ class Backend:
         self.update_options = session_options(1) if update_options is None else update_options
         self.step = 0
         self._predict = None
+        #: The training dtype (float32 or float64): that of the weights.
+        self.dtype = np.asarray(start[0]).dtype if len(start) else np.dtype(np.float32)
 
     # what each backend implements --------------------------------------
     @property
@@ -409,11 +437,11 @@ class Backend:
 
             self._predict = onnxruntime.InferenceSession(
                 weights_as_inputs(self.model, self.weight_names).SerializeToString(),
-                sess_options=session_options(),
+                sess_options=self.options,
                 providers=self.providers,
             )
         names = [i.name for i in self._predict.get_inputs()]
-        X = np.ascontiguousarray(X, dtype=np.float32)
+        X = np.ascontiguousarray(X, dtype=self.dtype)
         feeds = [self._feed(X)] + list(self.weights)
         out = run_with_ortvalues(self._predict, names, feeds, [self.output_name])
         return out[0].numpy().copy()

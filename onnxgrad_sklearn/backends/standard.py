@@ -24,6 +24,7 @@ import onnx
 import onnx_ad
 import onnxruntime
 
+from .._graph import model_dtype
 from .._passes import (
     constant_input,
     differentiated_nodes,
@@ -51,6 +52,9 @@ LOSS = "loss"
 SEED = "adj_loss"
 #: Prefix of the update graph's names inside the fused graph.
 UPDATE = "update/"
+#: onnxruntime graph optimizers turned off for double graphs: they emit operators
+#: that have float32 kernels only.
+DOUBLE_DISABLED_OPTIMIZERS = ["MatmulTransposeFusion", "MatMulScaleFusion"]
 #: Graphs kept per kind (batch sizes); a fit meets one or two.
 _CACHED = 4
 
@@ -153,7 +157,11 @@ def step_graph(
     adjoints = [o.name for o in grad.graph.output[1:]]
     del grad.graph.output[1:]
     flat = bool(optimizer.elementwise)
-    update = optimizer.build_update_model(shapes, flat=flat)
+    dtype = model_dtype(graph)
+    if dtype == np.float32:  # an optimizer of its own may not take a dtype
+        update = optimizer.build_update_model(shapes, flat=flat)
+    else:
+        update = optimizer.build_update_model(shapes, flat=flat, dtype=dtype)
     if flat:
         # the flat rule reshapes each gradient to a vector itself
         connect = {f"grad_{i}": a for i, a in enumerate(adjoints)}
@@ -210,11 +218,13 @@ class StandardBackend(Backend):
             self.training_model, self.weight_names, 1, 1
         )  # refuses what onnx-ad cannot do
         warn_zero_derivatives(training, self.weight_names)
-        self._buffers = DoubleBuffers(self.shapes, len(optimizer.state_names), n_sets=3)
+        self._buffers = DoubleBuffers(
+            self.shapes, len(optimizer.state_names), n_sets=3, dtype=self.dtype
+        )
         self._buffers.write(0, start)
-        self._lr_array = np.zeros((), dtype=np.float32)
+        self._lr_array = np.zeros((), dtype=self.dtype)
         self._lr = ortvalue_view(self._lr_array)
-        self._loss_array = np.zeros((), dtype=np.float32)
+        self._loss_array = np.zeros((), dtype=self.dtype)
         self._loss = ortvalue_view(self._loss_array)
         self._steps: OrderedDict = OrderedDict()  # batch size -> (run of set 0, run of set 1)
         self._gradients: OrderedDict = OrderedDict()  # batch size -> session
@@ -256,8 +266,14 @@ class StandardBackend(Backend):
 
     # sessions --------------------------------------------------------------
     def _session(self, model: onnx.ModelProto) -> onnxruntime.InferenceSession:
+        # onnxruntime fuses Transpose + MatMul into com.microsoft.FusedMatMul, whose
+        # CPU kernel is float32 only: a double graph would fail to load.
+        disabled = DOUBLE_DISABLED_OPTIMIZERS if self.dtype == np.float64 else None
         return onnxruntime.InferenceSession(
-            model.SerializeToString(), sess_options=self.options, providers=self.providers
+            model.SerializeToString(),
+            sess_options=self.options,
+            providers=self.providers,
+            disabled_optimizers=disabled,
         )
 
     @staticmethod
@@ -318,11 +334,11 @@ class StandardBackend(Backend):
         return self._session(model)
 
     def _feeds(self, X, y, sample_weight):
-        X = np.ascontiguousarray(X, dtype=np.float32)
-        y = np.ascontiguousarray(np.reshape(y, (X.shape[0], -1)), dtype=np.float32)
+        X = np.ascontiguousarray(X, dtype=self.dtype)
+        y = np.ascontiguousarray(np.reshape(y, (X.shape[0], -1)), dtype=self.dtype)
         if sample_weight is None:
-            sample_weight = np.ones(X.shape[0], dtype=np.float32)
-        sample_weight = np.ascontiguousarray(sample_weight, dtype=np.float32)
+            sample_weight = np.ones(X.shape[0], dtype=self.dtype)
+        sample_weight = np.ascontiguousarray(sample_weight, dtype=self.dtype)
         return X, y, sample_weight
 
     # passes ------------------------------------------------------------------

@@ -1,0 +1,144 @@
+"""The n_jobs parameter: onnxruntime's intra-op threads, within the process's thread limit."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+from joblib import Parallel, cpu_count, delayed
+from sklearn.model_selection import cross_validate
+from sklearn.neural_network import MLPRegressor
+from sklearn.utils._param_validation import InvalidParameterError
+from threadpoolctl import threadpool_limits
+
+from onnxgrad_sklearn import OrtGradientClassifier, OrtGradientRegressor
+from onnxgrad_sklearn.runtime import intra_op_threads
+
+rng = np.random.RandomState(0)
+X = rng.rand(80, 4).astype(np.float32)
+y = X @ np.array([1.0, -1.0, 0.5, 2.0], dtype=np.float32)
+
+# Records the intra-op threads of every InferenceSession the estimators create
+# (training, update, inference), then prints them as JSON.
+RECORDING = """
+import json, sys, warnings
+import numpy as np
+import onnxruntime
+
+threads = []
+original = onnxruntime.InferenceSession.__init__
+
+def recording(self, *args, sess_options=None, **kwargs):
+    threads.append(None if sess_options is None else sess_options.intra_op_num_threads)
+    original(self, *args, sess_options=sess_options, **kwargs)
+
+onnxruntime.InferenceSession.__init__ = recording
+
+from sklearn.neural_network import MLPRegressor
+from onnxgrad_sklearn import OrtGradientRegressor
+
+X = np.random.RandomState(0).rand(50, 3).astype(np.float32)
+y = X.sum(axis=1)
+warnings.simplefilter("ignore")
+result = {}
+for backend in ("agent", "standard"):
+    threads.clear()
+    reg = OrtGradientRegressor(MLPRegressor(hidden_layer_sizes=(4,)), optimizer="adam",
+                               max_iter=2, backend=backend, n_jobs=N_JOBS).fit(X, y)
+    reg.predict(X)
+    result[backend] = list(threads)
+print(json.dumps(result))
+"""
+
+
+def _sessions_threads(env_threads, n_jobs="None"):
+    env = dict(os.environ)
+    env.pop("OMP_NUM_THREADS", None)
+    if env_threads is not None:
+        env["OMP_NUM_THREADS"] = str(env_threads)
+    code = textwrap.dedent(RECORDING).replace("N_JOBS", n_jobs)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_omp_num_threads_1_gives_every_session_one_thread():
+    result = _sessions_threads(1)
+    for backend in ("agent", "standard"):
+        # training (and the agent's update), then the two inference sessions at least
+        assert len(result[backend]) >= 3
+        assert set(result[backend]) == {1}, (backend, result[backend])
+
+
+@pytest.mark.skipif(cpu_count() < 2, reason="needs 2 CPUs to tell the settings apart")
+def test_an_explicit_n_jobs_reaches_the_training_and_inference_sessions():
+    result = _sessions_threads(None, n_jobs="2")
+    # The agent's separate update session stays on one thread.
+    assert sorted(set(result["agent"])) == [1, 2]
+    assert set(result["standard"]) == {2}
+    # Without a limit nor n_jobs: the runtime's default (0) except the agent's update.
+    default = _sessions_threads(None)
+    assert sorted(set(default["agent"])) == [0, 1]
+    assert set(default["standard"]) == {0}
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_threadpool_limits_caps_the_default_not_an_explicit_n_jobs():
+    with threadpool_limits(1):
+        assert intra_op_threads() == 1
+        assert intra_op_threads(-1) == 1
+        assert intra_op_threads(3) == 3
+        reg = OrtGradientRegressor(max_iter=2).fit(X, y)
+    assert reg._intra_op_threads == 1
+    assert intra_op_threads(5) == 5
+    assert intra_op_threads(-1) == cpu_count()
+    assert intra_op_threads(-cpu_count() - 5) == 1
+
+
+@pytest.mark.skipif(cpu_count() < 2, reason="a limit below the CPU count needs 2 CPUs")
+def test_joblib_workers_get_the_inner_thread_limit():
+    # loky workers receive OMP_NUM_THREADS = cpu_count() // n_jobs; threads of a pool get 1.
+    expected = max(cpu_count() // 2, 1)
+    expected = expected if expected < cpu_count() else 0
+    assert Parallel(n_jobs=2)(delayed(intra_op_threads)() for _ in range(2)) == [expected] * 2
+    threaded = Parallel(n_jobs=2, backend="threading")(
+        delayed(intra_op_threads)() for _ in range(2)
+    )
+    assert threaded == [1, 1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cv = cross_validate(
+            OrtGradientRegressor(MLPRegressor(hidden_layer_sizes=(3,)), max_iter=2),
+            X,
+            y,
+            cv=2,
+            n_jobs=2,
+            return_estimator=True,
+        )
+    assert [est._intra_op_threads for est in cv["estimator"]] == [expected] * 2
+
+
+@pytest.mark.parametrize("Estimator", [OrtGradientRegressor, OrtGradientClassifier])
+def test_n_jobs_zero_is_refused_and_n_jobs_is_a_parameter(Estimator):
+    assert Estimator(n_jobs=3).get_params()["n_jobs"] == 3
+    target = y if Estimator is OrtGradientRegressor else (y > y.mean())
+    with pytest.raises(InvalidParameterError, match="n_jobs"):
+        Estimator(n_jobs=0).fit(X, target)
+
+
+def test_changing_n_jobs_rebuilds_the_engine_with_the_new_threads():
+    reg = OrtGradientRegressor(optimizer="adam", max_iter=2, warm_start=True, n_jobs=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reg.fit(X, y)
+        first = reg._engine
+        reg.set_params(n_jobs=2).fit(X, y)
+    assert reg._engine is not first
+    assert reg._intra_op_threads == 2
+    assert reg._engine.options.intra_op_num_threads == 2
