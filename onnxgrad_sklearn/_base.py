@@ -301,6 +301,8 @@ class BaseOrtGradient(BaseEstimator):
 
     def _validate_fit_input(self, X, y, sample_weight, first_call, incremental, classes):
         """Check everything a fit receives, before anything reaches the runtime."""
+        if self.early_stopping and incremental:
+            raise ValueError("partial_fit does not support early_stopping=True")
         template = self._template()
         check_template(template, self._task, type(self).__name__)
         if incremental and first_call:
@@ -516,96 +518,36 @@ class BaseOrtGradient(BaseEstimator):
         return int(np.clip(self.batch_size, 1, n_samples))
 
     def _run_epochs(self, engine: TrainingEngine, X, y2d, sample_weight, incremental):
-        rng = self._random_state
+        """Train epoch by epoch until ``max_iter``, a stop or a divergence.
+
+        With early stopping, the weights of the best validation score are kept.
+        """
         early_stopping = self.early_stopping and not incremental
-        if self.early_stopping and incremental:
-            raise ValueError("partial_fit does not support early_stopping=True")
-        if early_stopping:
-            X, X_val, y2d, y_val, sample_weight, sw_val = train_test_split(
-                X,
-                y2d,
-                sample_weight,
-                random_state=rng,
-                test_size=self.validation_fraction,
-                stratify=self._stratify(y2d),
-            )
-            if X_val.shape[0] < 2:
-                raise ValueError(
-                    "The validation set is too small. Increase 'validation_fraction' "
-                    "or the size of your dataset."
-                )
-            X = _as_rows(X, X.dtype)
-            best_weights = engine.get_weights()
-        n_samples = X.shape[0]
+        train, validation = self._split_validation((X, y2d, sample_weight), early_stopping)
+        best_weights = engine.get_weights() if early_stopping else None
+        n_samples = train[0].shape[0]
         batch_size = self._batch_size(n_samples)
-        sample_idx = np.arange(n_samples)
         max_iter = 1 if incremental else self.max_iter
-        reached_max_iter = False
         bar = _progress(self.verbose >= 1, max_iter, type(self).__name__, "epoch")
         self.n_iter_ = 0  # per call, partial_fit included, as MLPRegressor counts
-        diverged = False
+        reached_max_iter = diverged = False
+        sample_idx = np.arange(n_samples)
         try:
             for _ in range(max_iter):
-                order = None
-                if self.shuffle:
-                    sample_idx = shuffle(sample_idx, random_state=rng)
-                    order = sample_idx
-                checkpoint = None  # the previous epoch's copy goes before the next is made
-                checkpoint = engine.checkpoint()
-                try:
-                    epoch_loss = self._run_epoch(engine, (X, y2d, sample_weight), order, batch_size)
-                except KeyboardInterrupt:
-                    engine.restore(checkpoint)
-                    warnings.warn(
-                        f"Training interrupted by user during epoch {self.n_iter_ + 1}: the "
-                        f"estimator keeps the weights of the last completed epoch "
-                        f"(n_iter_={self.n_iter_}).",
-                        UserWarning,
-                        stacklevel=4,
-                    )
-                    raise
+                if self.shuffle:  # each epoch permutes the last one's order, as MLPRegressor
+                    sample_idx = shuffle(sample_idx, random_state=self._random_state)
+                order = sample_idx if self.shuffle else None
+                epoch_loss = self._run_interruptible_epoch(engine, train, order, batch_size)
                 if epoch_loss is None:  # diverged, weights set back, warned
                     diverged = True
                     break
-                self.n_iter_ += 1
-                self.loss_ = epoch_loss
-                self.t_ += n_samples
-                self.loss_curve_.append(self.loss_)
-                if early_stopping:
-                    predicted = _by_chunks(engine.predict, X_val)
-                    score = self._score_validation(X_val, y_val, sw_val, predicted)
-                    if self._record_validation(score):
-                        best_weights = engine.get_weights()
-                else:
-                    self._record_loss(self.loss_)
-                logger.info("Iteration %d, loss = %.8f", self.n_iter_, self.loss_)
-                if bar is not None:
-                    post = {"loss": f"{self.loss_:.6g}"}
-                    if early_stopping:
-                        post["val"] = f"{self.validation_scores_[-1]:.4g}"
-                    bar.set_postfix(post, refresh=False)  # shown with its epoch's count
-                    bar.update(1)
-                self._schedule.iteration_ends(self.t_)
-                if self._no_improvement_count > self.n_iter_no_change:
-                    what = "Validation score" if early_stopping else "Training loss"
-                    msg = (
-                        f"{what} did not improve more than tol={self.tol:f} for "
-                        f"{self.n_iter_no_change} consecutive epochs."
-                    )
-                    if self._schedule.trigger_stopping(msg):
-                        if early_stopping:
-                            self._report_early_stop(msg, bar)
-                        break
-                    self._no_improvement_count = 0
-                if incremental:
+                if self._end_epoch(engine, epoch_loss, n_samples, validation, bar):
+                    best_weights = engine.get_weights()
+                if self._stops(early_stopping, bar) or incremental:
                     break
                 reached_max_iter = self.n_iter_ == self.max_iter
-            # The last update was not followed by a forward pass: check it here.
-            last = slice(max(n_samples - batch_size, 0), n_samples)
-            ones = np.ones(last.stop - last.start, dtype=sample_weight.dtype)  # never 0 / 0
-            if not diverged and not engine.is_finite(_rows(X, last), y2d[last], ones):
-                engine.undo_last_step()
-                self._diverged(np.nan, self.n_iter_, None)
+            if not diverged:
+                self._check_last_update(engine, train, batch_size)
         finally:
             if bar is not None:
                 bar.close()
@@ -618,6 +560,88 @@ class BaseOrtGradient(BaseEstimator):
             )
         if early_stopping:
             engine.set_weights(best_weights)
+
+    def _split_validation(self, arrays, early_stopping):
+        """Return the training arrays and, with early stopping, the held-out ones (else None)."""
+        if not early_stopping:
+            return arrays, None
+        X, X_val, y2d, y_val, sample_weight, sw_val = train_test_split(
+            *arrays,
+            random_state=self._random_state,
+            test_size=self.validation_fraction,
+            stratify=self._stratify(arrays[1]),
+        )
+        if X_val.shape[0] < 2:
+            raise ValueError(
+                "The validation set is too small. Increase 'validation_fraction' "
+                "or the size of your dataset."
+            )
+        return (_as_rows(X, X.dtype), y2d, sample_weight), (X_val, y_val, sw_val)
+
+    def _run_interruptible_epoch(self, engine, train, order, batch_size):
+        """Run one epoch; on Ctrl-C go back to the weights it started from, warn, re-raise."""
+        checkpoint = engine.checkpoint()
+        try:
+            return self._run_epoch(engine, train, order, batch_size)
+        except KeyboardInterrupt:
+            engine.restore(checkpoint)
+            warnings.warn(
+                f"Training interrupted by user during epoch {self.n_iter_ + 1}: the "
+                f"estimator keeps the weights of the last completed epoch "
+                f"(n_iter_={self.n_iter_}).",
+                UserWarning,
+                stacklevel=5,
+            )
+            raise
+
+    def _end_epoch(self, engine, epoch_loss, n_samples, validation, bar) -> bool:
+        """Record an epoch (loss, validation score, progress); return whether it is the best."""
+        self.n_iter_ += 1
+        self.loss_ = epoch_loss
+        self.t_ += n_samples
+        self.loss_curve_.append(self.loss_)
+        best = False
+        if validation is not None:
+            X_val, y_val, sw_val = validation
+            predicted = _by_chunks(engine.predict, X_val)
+            best = self._record_validation(self._score_validation(X_val, y_val, sw_val, predicted))
+        else:
+            self._record_loss(self.loss_)
+        logger.info("Iteration %d, loss = %.8f", self.n_iter_, self.loss_)
+        if bar is not None:
+            post = {"loss": f"{self.loss_:.6g}"}
+            if validation is not None:
+                post["val"] = f"{self.validation_scores_[-1]:.4g}"
+            bar.set_postfix(post, refresh=False)  # shown with its epoch's count
+            bar.update(1)
+        self._schedule.iteration_ends(self.t_)
+        return best
+
+    def _stops(self, early_stopping, bar) -> bool:
+        """Apply MLPRegressor's stopping rule (or the adaptive schedule's step down)."""
+        if self._no_improvement_count <= self.n_iter_no_change:
+            return False
+        what = "Validation score" if early_stopping else "Training loss"
+        msg = (
+            f"{what} did not improve more than tol={self.tol:f} for "
+            f"{self.n_iter_no_change} consecutive epochs."
+        )
+        if self._schedule.trigger_stopping(msg):
+            if early_stopping:
+                self._report_early_stop(msg, bar)
+            return True
+        self._no_improvement_count = 0
+        return False
+
+    def _check_last_update(self, engine, train, batch_size):
+        """The last update was not followed by a forward pass: check its weights."""
+        X, y2d, sample_weight = train
+        n_samples = X.shape[0]
+        last = slice(max(n_samples - batch_size, 0), n_samples)
+        ones = np.ones(last.stop - last.start, dtype=sample_weight.dtype)  # never 0 / 0
+        if not engine.is_finite(_rows(X, last), y2d[last], ones):
+            engine.undo_last_step()
+            self._diverged(np.nan, self.n_iter_, None)
 
     def _report_early_stop(self, msg, bar):
         """Say that early stopping ended the training, and which epoch's weights are kept."""
