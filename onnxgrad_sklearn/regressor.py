@@ -10,6 +10,7 @@ from sklearn.utils._available_if import available_if
 from sklearn.utils._param_validation import StrOptions
 
 from ._base import BaseOrtGradient
+from ._docs import document
 from .losses import REGRESSION_LOSSES, BaseLoss
 
 __all__ = ["OrtGradientRegressor"]
@@ -28,98 +29,7 @@ class OrtGradientRegressor(RegressorMixin, BaseOrtGradient):
 
     Parameters
     ----------
-    estimator : estimator or Pipeline, default=None
-        The template: MLPRegressor, a linear regressor (LinearRegression,
-        Ridge, Lasso, ElasticNet, SGDRegressor, ...), or a Pipeline ending in
-        one (preprocessing steps are frozen). ``None`` means
-        ``LinearRegression()``. A fitted template is fine-tuned from its
-        weights; an unfitted one is initialised from ``random_state`` (Glorot
-        uniform as MLPRegressor does, zeros for linear models). It is never
-        modified.
-    loss : {"squared_error", "absolute_error", "huber", "quantile"} or BaseLoss, \
-            default="squared_error"
-        The loss, averaged over samples with ``sample_weight``.
-        ``"squared_error"`` is half the squared error, as MLPRegressor defines it.
-        See :mod:`onnxgrad_sklearn.losses` for parameters and custom losses.
-    optimizer : {"sgd", "momentum", "nesterov", "adam"} or BaseOptimizer, default="sgd"
-        The update rule, run as one ONNX graph per batch. See
-        :mod:`onnxgrad_sklearn.optim`.
-    learning_rate : {"constant", "invscaling", "adaptive"}, default="constant"
-        Schedule, as in MLPRegressor.
-    learning_rate_init : float, default=0.001
-        Initial learning rate.
-    power_t : float, default=0.5
-        Exponent of the ``"invscaling"`` schedule.
-    alpha : float, default=0.0001
-        Strength of the penalty on weight matrices (never on intercepts).
-    l1_ratio : float, default=0.0
-        Share of L1 in the penalty; 0 is MLPRegressor's L2 term
-        ``0.5 * alpha * ||W||^2 / n_samples``.
-    batch_size : int or "auto", default="auto"
-        Rows per batch; ``"auto"`` means ``min(200, n_samples)``.
-    max_iter : int, default=200
-        Maximum number of epochs.
-    shuffle : bool, default=True
-        Permute the rows at each epoch (from ``random_state``); otherwise
-        batches are consecutive slices, the last one smaller.
-    random_state : int, RandomState instance or None, default=None
-        Seeds the initial weights, the shuffling and the validation split, in
-        the order MLPRegressor draws them.
-    tol : float, default=1e-4
-        Improvement below which an epoch counts as no improvement.
-    n_iter_no_change : int, default=10
-        Epochs without improvement before stopping (or lowering the rate with
-        ``learning_rate="adaptive"``).
-    early_stopping : bool, default=False
-        Hold out ``validation_fraction`` of the data, stop when its R2 stops
-        improving, and keep the weights of the best epoch.
-    validation_fraction : float, default=0.1
-        Share of the data held out for early stopping.
-    warm_start : bool, default=False
-        Make ``fit`` continue from the weights of the previous fit.
-    verbose : int, default=0
-        1 shows a progress bar over epochs.
-    device : str, default="cpu"
-        ``"cpu"``, or ``"cuda"``/``"cuda:N"`` with the CUDA build of
-        onnxruntime-training.
-    on_divergence : {"raise", "warn"}, default="raise"
-        What to do when a batch gives a non-finite loss: training stops, the
-        weights go back to the last ones with a finite loss, then ``"raise"``
-        raises :class:`~onnxgrad_sklearn.ConvergenceError`, ``"warn"`` gives a
-        ``ConvergenceWarning`` and keeps the model usable.
-    backend : {"auto", "agent", "standard"}, default="auto"
-        What computes the gradients and runs the training step. ``"agent"``:
-        onnxruntime-training's TrainingAgent (needs ``onnxruntime-training-cpu``,
-        Python <= 3.12). ``"standard"``: gradient graphs in standard ONNX
-        operators (onnx-ad) with the update in the same graph, on any
-        onnxruntime >= 1.20 (CPU in this version). ``"auto"`` picks the agent
-        where it is installed and can differentiate every operator of the
-        training graph, the standard backend otherwise, and logs the choice at
-        INFO; ``backend_`` records what ran. See ``docs/how_it_works.md`` for
-        the operators each backend differentiates.
-    dtype : {"float32", "float64"} or None, default="float32"
-        The float type training computes in: the converted graph, the loss and
-        its constants, the weights, gradients and optimizer state, the update
-        and the validation score. ``"float32"`` is the fastest; ``"float64"``
-        gives MLPRegressor's numbers to machine precision (``estimator_`` then holds
-        float64 arrays, ``to_onnx()`` a graph with a ``tensor(double)`` input,
-        ``to_onnx(dtype="float32")`` a float32 graph of the same model);
-        ``None`` follows ``X`` as MLPRegressor does (float32 data trains in float32,
-        anything else in float64). float64 trains on the standard backend
-        (``backend="auto"`` picks it; ``backend="agent"`` is refused). A
-        continued fit (``warm_start``, ``partial_fit``) keeps the dtype of the
-        first.
-    n_jobs : int or None, default=None
-        onnxruntime's intra-op threads for the training and inference sessions
-        (the update of the TrainingAgent backend runs on one thread). ``None``:
-        the runtime's default (one thread per physical core, the fastest on
-        the benchmark), but never more than the inner thread limit of the
-        process: the OpenMP threads set by ``threadpoolctl`` or
-        ``OMP_NUM_THREADS``, which joblib's process workers receive
-        (``cpu_count() // n_jobs`` in ``GridSearchCV(n_jobs=...)``), and one
-        thread inside a joblib thread worker. So a parallel search does not
-        oversubscribe the CPUs. A positive number: that many threads. ``-1``:
-        every CPU (within the limit), ``-2`` all but one, as in joblib.
+    {parameters}
 
     Attributes
     ----------
@@ -242,3 +152,6 @@ class OrtGradientRegressor(RegressorMixin, BaseOrtGradient):
         outputs = self._run_onnx(X)
         pred = outputs[self._export_model.graph.output[0].name].astype(np.float64)
         return pred.ravel() if self.n_outputs_ == 1 else pred.reshape(-1, self.n_outputs_)
+
+
+document(OrtGradientRegressor, "regression")

@@ -64,3 +64,21 @@ def test_tags_are_built_once_without_recursion(cls, monkeypatch):
     assert len(calls) == 1
     assert tags.target_tags.multi_output is (cls is OrtGradientRegressor)
     assert tags.estimator_type == ("regressor" if cls is OrtGradientRegressor else "classifier")
+
+
+def test_parameter_docs_follow_the_signatures_from_one_source():
+    import inspect
+
+    from numpydoc.docscrape import ClassDoc
+
+    docs = {}
+    for cls in (OrtGradientRegressor, OrtGradientClassifier):
+        entries = ClassDoc(cls)["Parameters"]
+        assert [p.name for p in entries] == list(inspect.signature(cls).parameters)
+        docs[cls] = {p.name: " ".join(p.desc) for p in entries}
+    regressor, classifier = docs[OrtGradientRegressor], docs[OrtGradientClassifier]
+    for name in ("optimizer", "batch_size", "backend", "dtype", "n_jobs", "on_divergence"):
+        assert regressor[name].replace("MLPRegressor", "MLP") == classifier[name].replace(
+            "MLPClassifier", "MLP"
+        )
+    assert "auto" in regressor["loss"] and "auto" in classifier["loss"]

@@ -1,0 +1,190 @@
+"""One source for the parameter docs of the regressor and the classifier.
+
+Both estimators share every parameter but a few; their docstrings take the
+``Parameters`` section from :func:`parameters_section`, so the two cannot drift.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+__all__ = ["document", "parameters_section"]
+
+_TASK = {
+    "regression": {"mlp": "MLPRegressor", "score": "R2"},
+    "classification": {"mlp": "MLPClassifier", "score": "accuracy"},
+}
+
+_ESTIMATOR = {
+    "regression": """
+    estimator : estimator or Pipeline, default=None
+        The template: MLPRegressor, a linear model (LinearRegression, Ridge,
+        Lasso, QuantileRegressor, HuberRegressor, SGDRegressor, LinearSVR, ...),
+        a GLM (PoissonRegressor, GammaRegressor, TweedieRegressor), or a
+        Pipeline ending in one (preprocessing steps are frozen). ``None`` means
+        ``LinearRegression()``. A fitted template is fine-tuned from its
+        weights; an unfitted one is initialised from ``random_state`` (Glorot
+        uniform as MLPRegressor does, zeros for linear models). It is never
+        modified. See docs/templates.md for what each template trains.
+    """,
+    "classification": """
+    estimator : estimator or Pipeline, default=None
+        The template: MLPClassifier (binary, multiclass or multilabel),
+        LogisticRegression, SGDClassifier, Perceptron, LinearSVC,
+        RidgeClassifier, or a Pipeline ending in one (preprocessing steps are
+        frozen). ``None`` means ``LogisticRegression()``. A fitted template is
+        fine-tuned from its weights and keeps its classes; an unfitted one is
+        initialised from ``random_state`` (Glorot uniform for MLPs, zeros for
+        linear models). It is never modified. See docs/templates.md for what
+        each template trains.
+    """,
+}
+
+_LOSS = {
+    "regression": """
+    loss : "auto", a name of :data:`~onnxgrad_sklearn.losses.REGRESSION_LOSSES` \
+or BaseLoss, default="auto"
+        The loss, averaged over samples with ``sample_weight``. ``"auto"`` is
+        the template's own objective: its loss with its ``quantile``,
+        ``epsilon``, ``power`` and link (half the squared error for MLPRegressor
+        and least-squares models). A name or an object of
+        :mod:`onnxgrad_sklearn.losses` overrides it.
+    """,
+    "classification": """
+    loss : "auto", a name of :data:`~onnxgrad_sklearn.losses.CLASSIFICATION_LOSSES` \
+or BaseLoss, default="auto"
+        ``"auto"`` is the template's own loss: the log-loss computed from the
+        logits (:class:`~onnxgrad_sklearn.losses.LogLoss`, one-vs-rest for
+        liblinear and SGDClassifier templates), or the hinge, squared hinge,
+        modified Huber or perceptron loss of a margin classifier. A custom
+        loss receives the logits, one column per class (a binary problem's
+        first class has a zero logit), and one-hot targets.
+    """,
+}
+
+_COMMON = """
+    optimizer : {{"auto", "sgd", "momentum", "nesterov", "adam", "lbfgs"}} or \
+BaseOptimizer, default="auto"
+        ``"auto"`` is the template family's solver: Adam for MLPs and the SGD
+        family, full-batch L-BFGS for the other linear models and GLMs (Adam
+        in ``partial_fit``). The stochastic rules run as one ONNX graph per
+        batch; ``"lbfgs"`` minimises the whole training set's loss with scipy,
+        as {mlp}(solver="lbfgs"). See :mod:`onnxgrad_sklearn.optim`.
+    learning_rate : {{"constant", "invscaling", "adaptive"}}, default="constant"
+        Schedule of the stochastic optimizers, as in {mlp}.
+    learning_rate_init : float, default=0.001
+        Initial learning rate.
+    power_t : float, default=0.5
+        Exponent of the ``"invscaling"`` schedule.
+    alpha : float, default=0.0001
+        Strength of the penalty on weight matrices (never on intercepts).
+    l1_ratio : float, default=0.0
+        Share of L1 in the penalty; 0 is {mlp}'s L2 term
+        ``0.5 * alpha * ||W||^2 / n_samples``.
+    batch_size : int or "auto", default="auto"
+        Rows per batch; ``"auto"`` means ``min(200, n_samples)``.
+    max_iter : int, default=200
+        Maximum number of epochs (of L-BFGS iterations with ``"lbfgs"``).
+    shuffle : bool, default=True
+        Permute the rows at each epoch (from ``random_state``); otherwise
+        batches are consecutive slices, the last one smaller.
+    random_state : int, RandomState instance or None, default=None
+        Seeds the initial weights, the shuffling and the validation split, in
+        the order {mlp} draws them.
+    tol : float, default=1e-4
+        Improvement below which an epoch counts as no improvement (the
+        gradient tolerance of L-BFGS).
+    n_iter_no_change : int or numpy.inf, default=10
+        Epochs without improvement before stopping (or lowering the rate with
+        ``learning_rate="adaptive"``).
+    early_stopping : bool, default=False
+        Hold out ``validation_fraction`` of the data{stratified}, stop when its
+        {score} stops improving, and keep the weights of the best epoch.
+    validation_fraction : float, default=0.1
+        Share of the data held out for early stopping.
+    warm_start : bool, default=False
+        Make ``fit`` continue from the weights of the previous fit.
+    verbose : int, default=0
+        1 shows a progress bar over epochs (L-BFGS iterations), 2 one over the
+        batches of each epoch too.
+    device : str, default="cpu"
+        ``"cpu"``, or ``"cuda"``/``"cuda:N"`` with the CUDA build of
+        onnxruntime-training (the TrainingAgent backend).
+    on_divergence : {{"raise", "warn"}}, default="raise"
+        What to do when a batch gives a non-finite loss: training stops, the
+        weights go back to the last ones with a finite loss, then ``"raise"``
+        raises :class:`~onnxgrad_sklearn.ConvergenceError`, ``"warn"`` gives a
+        ``ConvergenceWarning`` and keeps the model usable.
+    backend : {{"auto", "agent", "standard"}}, default="auto"
+        What computes the gradients and runs the training step. ``"agent"``:
+        onnxruntime-training's TrainingAgent (needs ``onnxruntime-training-cpu``,
+        Python <= 3.12). ``"standard"``: gradient graphs in standard ONNX
+        operators (onnx-ad) with the update in the same graph, on any
+        onnxruntime >= 1.20 (CPU in this version). ``"auto"`` picks the agent
+        where it is installed and can differentiate every operator of the
+        training graph, the standard backend otherwise, and logs the choice at
+        INFO; ``backend_`` records what ran. See docs/how_it_works.md for the
+        operators each backend differentiates.
+    dtype : {{"float32", "float64"}} or None, default="float32"
+        The float type training computes in: the converted graph, the loss and
+        its constants, the weights, gradients and optimizer state, the update
+        and the validation score. ``"float32"`` is the fastest; ``"float64"``
+        gives {mlp}'s numbers to machine precision (``estimator_`` then
+        holds float64 arrays, ``to_onnx()`` a graph with a ``tensor(double)``
+        input, ``to_onnx(dtype="float32")`` a float32 graph of the same model);
+        ``None`` follows ``X`` as {mlp} does (float32 data trains in
+        float32, anything else in float64). float64 trains on the standard
+        backend (``backend="auto"`` picks it; ``backend="agent"`` is refused). A
+        continued fit (``warm_start``, ``partial_fit``) keeps the dtype of the
+        first.
+    n_jobs : int or None, default=None
+        onnxruntime's intra-op threads for the training and inference sessions
+        (the update of the TrainingAgent backend runs on one thread). ``None``:
+        the runtime's default (one thread per physical core), but never more
+        than the inner thread limit of the process: the OpenMP threads set by
+        ``threadpoolctl`` or ``OMP_NUM_THREADS``, which joblib's process workers
+        receive (``cpu_count() // n_jobs`` in ``GridSearchCV(n_jobs=...)``), and
+        one thread inside a joblib thread worker. So a parallel search does not
+        oversubscribe the CPUs. A positive number: that many threads. ``-1``:
+        every CPU (within the limit), ``-2`` all but one, as in joblib.
+"""
+
+_CLASS_WEIGHT = """
+    class_weight : dict, "balanced" or None, default=None
+        Weights of the classes in the loss, multiplied with ``sample_weight``
+        as scikit-learn defines them. None uses the template's
+        ``class_weight``.
+"""
+
+
+def parameters_section(task: str) -> str:
+    """Return the numpydoc ``Parameters`` entries of the estimator for ``task``.
+
+    Parameters
+    ----------
+    task : {"regression", "classification"}
+        Which estimator.
+
+    Returns
+    -------
+    str
+        The entries, indented by four spaces, in the order of the signature.
+    """
+    words = dict(_TASK[task])
+    words["stratified"] = (
+        " (stratified for a binary problem, as MLPClassifier)" if task == "classification" else ""
+    )
+    parts = [_ESTIMATOR[task], _LOSS[task], _COMMON.format(**words)]
+    if task == "classification":
+        parts.append(_CLASS_WEIGHT)
+    return "\n".join(textwrap.dedent(p).strip("\n") for p in parts)
+
+
+def document(cls, task: str):
+    """Put the shared ``Parameters`` entries into the docstring of ``cls``, in place.
+
+    The class docstring holds the line ``{parameters}`` where the entries go.
+    """
+    entries = textwrap.indent(parameters_section(task), "    ")
+    cls.__doc__ = cls.__doc__.replace("    {parameters}", entries)
+    return cls
