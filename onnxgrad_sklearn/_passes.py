@@ -68,9 +68,8 @@ def pin_versions(model: onnx.ModelProto) -> onnx.ModelProto:
 def rewrite_relu_grad(model: onnx.ModelProto) -> int:
     """Replace each ``ReluGrad(dY, Y)`` node by ``Mul(dY, Cast(Greater(Y, 0)))``, in place.
 
-    Same values; onnxruntime 1.19's ReluGrad kernel is about 4x slower than
-    these three element-wise kernels on a 256 x 256 tensor on 2 CPU cores
-    (196 us against 51 us). Returns the number of nodes replaced.
+    Same values, faster than onnxruntime 1.19's ReluGrad kernel (figures in
+    benchmarks/README.md). Returns the number of nodes replaced.
     """
     nodes = list(model.graph.node)
     if not any(n.op_type == "ReluGrad" and n.domain == "com.microsoft" for n in nodes):
@@ -183,11 +182,10 @@ def rewrite_batch_sums(model: onnx.ModelProto) -> int:
 
     ``ReduceSum(dY, axes=[0])`` (the gradient of a bias row added to every
     sample) becomes ``MatMul(ones, dY)`` with ``ones`` of shape ``(1, n)``, made
-    once per batch symbol from the shape of the first such ``dY``. Same values;
-    onnxruntime 1.19 sums a 256 x 256 tensor over its first axis in about 34 us
-    on 2 CPU cores, the matrix product takes about 6 us. The batch axis is one
-    whose size is a symbol (``batch`` in the engine's training graph). Returns
-    the number of nodes replaced.
+    once per batch symbol from the shape of the first such ``dY``. Same values,
+    and the product is faster than the reduction (benchmarks/README.md). The
+    batch axis is one whose size is a symbol (``batch`` in the engine's training
+    graph). Returns the number of nodes replaced.
     """
     nodes = list(model.graph.node)
     if not any(n.op_type == "ReduceSum" for n in nodes):

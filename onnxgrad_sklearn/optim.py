@@ -64,9 +64,9 @@ class BaseOptimizer(BaseEstimator):
         True when :meth:`update` computes every element of the new weight and
         state from the same element of the weight, gradient and state (and
         scalars) only. The engine then updates all weights at once as one
-        vector, in buffers it reuses (on CPU): on a 100-256-256-1 MLP this takes
-        the Nesterov update from 140 us to 87 us per batch. Leave it False
-        for rules that look at a whole tensor (a norm, a shape).
+        vector, in buffers it reuses (on CPU), which is faster than one update
+        per tensor (benchmarks/README.md). Leave it False for rules that look
+        at a whole tensor (a norm, a shape).
     full_batch : bool
         True for solvers that minimise the loss of the whole training set
         (:class:`LBFGS`) instead of updating the weights batch by batch.
@@ -183,8 +183,8 @@ class BaseOptimizer(BaseEstimator):
                     f"{type(self).__name__}.update returned state {sorted(new_state)}, "
                     f"expected {sorted(self.state_names)}."
                 )
-            # Outputs are named after the nodes that make them: an Identity copy
-            # costs about 4 us per tensor and batch.
+            # Outputs are named after the nodes that make them: no Identity copies
+            # (measured in benchmarks/README.md).
             produced = [new_param] + [new_state[s] for s in self.state_names]
             wanted = [f"new_param{suffix}"] + [f"new_{s}{suffix}" for s in self.state_names]
             for k, (tensor, name) in enumerate(zip(produced, wanted)):

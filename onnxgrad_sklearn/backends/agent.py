@@ -434,7 +434,7 @@ class AgentBackend(Backend):
         flat = self.device == "cpu" and optimizer.elementwise
         update_model = optimizer.build_update_model(self.shapes, flat=flat)
         # The update session runs on one thread: a second pool of threads competes
-        # with the training session's (docs/performance.md).
+        # with the training session's (benchmarks/README.md).
         self._update = onnxruntime.InferenceSession(
             update_model.SerializeToString(),
             sess_options=self.update_options,
