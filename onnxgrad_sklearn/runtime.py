@@ -29,6 +29,7 @@ import numpy as np
 
 __all__ = [
     "ONNXRUNTIME_DISTRIBUTIONS",
+    "SESSION_OPTIONS_HOOKS",
     "BoundRun",
     "DoubleBuffers",
     "OrtValue",
@@ -152,12 +153,25 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+#: Callables ``hook(options, threads)`` applied, in order, to every
+#: ``SessionOptions`` the package makes (training, update and inference sessions),
+#: after its own settings: the documented way to change them (profiling, a
+#: graph-optimization level, config entries), as ``benchmarks/`` does. Empty by
+#: default; append to it and remove what you added when done.
+SESSION_OPTIONS_HOOKS: list = []
+
+
 def session_options(threads: int = 0) -> onnxruntime.SessionOptions:
-    """Session options of the package's sessions (``threads=0``: the runtime's default)."""
+    """Session options of the package's sessions (``threads=0``: the runtime's default).
+
+    The callables of :data:`SESSION_OPTIONS_HOOKS` are applied last.
+    """
     so = import_onnxruntime().SessionOptions()
     so.log_severity_level = 3
     if threads:
         so.intra_op_num_threads = threads
+    for hook in SESSION_OPTIONS_HOOKS:
+        hook(so, threads)
     return so
 
 
@@ -351,8 +365,14 @@ def ortvalue_view(array: np.ndarray, device: str = "cpu") -> OrtValue:
     """
     if not array.flags.c_contiguous:
         raise ValueError("ortvalue_view needs a C-contiguous array.")
+    return bindings().OrtValue.ortvalue_from_numpy(array, _ort_device_of(device))
+
+
+@functools.lru_cache(maxsize=8)
+def _ort_device_of(device: str):
+    # once per device name: views are made at every batch
     providers, index = device_to_providers(device)
-    return bindings().OrtValue.ortvalue_from_numpy(array, ort_device(providers[0], index))
+    return ort_device(providers[0], index)
 
 
 def run_with_ortvalues(

@@ -227,6 +227,7 @@ class StandardBackend(Backend):
         self._loss_array = np.zeros((), dtype=self.dtype)
         self._loss = ortvalue_view(self._loss_array)
         self._steps: OrderedDict = OrderedDict()  # batch size -> (run of set 0, run of set 1)
+        self._bound: dict = {}  # run -> (address, shape, dtype) of the batch it has bound
         self._gradients: OrderedDict = OrderedDict()  # batch size -> session
         self._forward = None
         self._previous = None
@@ -350,9 +351,8 @@ class StandardBackend(Backend):
         before = self._previous[0] if self._previous is not None else (b.current + 2) % 3
         target = 3 - b.current - before
         self._lr_array[...] = self.optimizer.step_learning_rate(learning_rate, self.step + 1)
-        runs[b.current, target].run(
-            dict(zip(self.input_names, (self._feed(X), self._feed(y), self._feed(sample_weight))))
-        )
+        run = runs[b.current, target]
+        run.run(self._batch_feeds(run, (X, y, sample_weight)))
         loss = float(self._loss_array)
         if not np.isfinite(loss):
             return loss  # the other set holds what the update made of it: not used
@@ -360,6 +360,18 @@ class StandardBackend(Backend):
         self.step += 1
         b.current = target
         return loss
+
+    def _batch_feeds(self, run, arrays):
+        """The batch inputs ``run`` must bind: none when it reads these very buffers.
+
+        The fit loop gathers shuffled batches into the same buffers: their
+        ``OrtValue`` views are bound once, not at every batch.
+        """
+        key = tuple((a.__array_interface__["data"][0], a.shape, a.dtype.str) for a in arrays)
+        if self._bound.get(run) == key:
+            return {}
+        self._bound[run] = key
+        return dict(zip(self.input_names, (self._feed(a) for a in arrays)))
 
     def loss(self, X, y, sample_weight):
         if self._forward is None:
