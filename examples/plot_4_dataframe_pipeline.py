@@ -11,9 +11,10 @@ whole pipeline, scaler included. A plain ``onnxruntime.InferenceSession`` of tha
 file gives the predictions of ``predict``.
 
 The columns here are all numeric: the ONNX graph takes one float32 matrix ``X``, its
-columns in the order of the frame's. String columns one-hot encoded inside the model
-(a ``ColumnTransformer`` with a ``OneHotEncoder`` in front of the MLP) do not train in
-this version.
+columns in the order of the frame's. With string columns one-hot encoded inside the
+model (a ``ColumnTransformer`` with a ``OneHotEncoder`` in front of the MLP), the graph
+takes one input per raw column instead, named after it (see the user guide's
+"DataFrames and their raw columns").
 """
 
 import tempfile

@@ -17,6 +17,7 @@ from sklearn.utils import check_random_state, gen_batches, get_tags, shuffle
 from sklearn.utils._param_validation import HasMethods, Interval, Options, StrOptions
 from sklearn.utils.validation import _check_sample_weight, check_is_fitted, validate_data
 
+from ._frames import graph_width, join_head, run_raw, validate_fit_data, with_head
 from ._lazy import lazy
 from .exceptions import ConvergenceError
 from .families import dropped_settings, family_of
@@ -187,20 +188,35 @@ class BaseOrtGradient(BaseEstimator):
         (a classifier, a GLM) the template's own graph: converted once per
         template, then given the trained weights; a graph whose weights cannot be
         located (binary LogisticRegression stores [-w, w], LinearSVC keeps them
-        in node attributes) is converted at each export.
+        in node attributes) is converted at each export. After a fit on raw
+        DataFrame columns, the graph of the final model with the head's graph
+        joined in front of it: one input per column.
         """
-        if trained_view(self.estimator_) is self.estimator_:
-            return self._converted.model
+        est = self._exported_estimator()
+        if trained_view(est) is est:
+            return join_head(self, self._converted.model)
         located = self.__dict__.get("_export_converted")
         if located is None:
             try:
-                located = convert_template(
-                    self.estimator_, self.n_features_in_, self._converted.dtype
-                )
+                located = convert_template(est, self._export_inputs(), self._converted.dtype)
             except ValueError:
-                return export_model(self.estimator_, self.n_features_in_, self._converted.dtype)
+                model = export_model(est, self._export_inputs(), self._converted.dtype)
+                return join_head(self, model)
             self._export_converted = located
-        return located.with_values(located.values_from(final_estimator(self.estimator_)))
+        return join_head(self, located.with_values(located.values_from(final_estimator(est))))
+
+    def _exported_estimator(self):
+        """What skl2onnx converts: ``estimator_``, or after a fit on raw DataFrame
+        columns its final model (the head, converted on its own, is joined to it)."""
+        if "_raw_columns" in self.__dict__:
+            return final_estimator(self.estimator_)
+        return self.estimator_
+
+    def _export_inputs(self):
+        """Width of the exported graph's input ``X``: the features, or the head's output."""
+        if "_raw_columns" in self.__dict__:
+            return graph_width(self._converted.model)
+        return self.n_features_in_
 
     # pickling ------------------------------------------------------------
     def __getstate__(self):
@@ -311,7 +327,8 @@ class BaseOrtGradient(BaseEstimator):
         loss = self._objective(final)
         optimizer = self._solver(final, incremental)
         dtype = self._fit_dtype(first_call)  # None: X's own, as MLPRegressor
-        X, y = validate_data(
+        # a DataFrame whose columns the template's head takes by name: the head's output
+        X, y = validate_fit_data(
             self,
             X,
             y,
@@ -418,7 +435,10 @@ class BaseOrtGradient(BaseEstimator):
         self._warn_dropped_settings(final_estimator(template), X.shape[0])
         random_state = check_random_state(self.random_state)
         n_outputs = self._n_model_outputs(y2d)
-        est, fine_tuned = prepare_template(template, X, n_outputs, random_state)
+        head = self.__dict__.pop("_fitted_head", None)  # raw columns: X is the head's output
+        est, fine_tuned = prepare_template(
+            template if head is None else final_estimator(template), X, n_outputs, random_state
+        )
         self._setup_template(est, fine_tuned, fitted)
         converted = convert_template(self._trained_view(est), X.shape[1], X.dtype)
         # Every step that can fail is done: the fitted state is replaced at once.
@@ -426,7 +446,7 @@ class BaseOrtGradient(BaseEstimator):
             setattr(self, name, value)
         self._random_state = random_state
         self._converted: ConvertedTemplate = converted
-        self.estimator_ = est
+        self.estimator_ = est if head is None else with_head(head, template, est)
         self.n_outputs_ = n_outputs
         final = final_estimator(est)
         self.t_ = int(getattr(final, "t_", 0)) if fine_tuned else 0
@@ -837,7 +857,12 @@ class BaseOrtGradient(BaseEstimator):
         -------
         onnx.ModelProto
             The graph skl2onnx gives for the template (input ``X``) with the
-            trained weights in its initializers.
+            trained weights in its initializers. After a fit on a DataFrame whose
+            columns the template's head takes by name (a ``ColumnTransformer``),
+            the whole Pipeline with one input per raw column, named after it, of
+            shape ``(n, 1)``: ``tensor(float)`` (``tensor(double)`` in float64)
+            for float columns, ``tensor(int64)`` for integer and boolean ones,
+            ``tensor(string)`` for the others.
         """
         check_is_fitted(self)
         if dtype is not None:
@@ -847,7 +872,10 @@ class BaseOrtGradient(BaseEstimator):
                     "training dtype)."
                 )
             if np.dtype(dtype) != self._converted.dtype:
-                return export_model(self.estimator_, self.n_features_in_, np.dtype(dtype))
+                model = export_model(
+                    self._exported_estimator(), self._export_inputs(), np.dtype(dtype)
+                )
+                return join_head(self, model, np.dtype(dtype))
         model = onnx.ModelProto()
         model.CopyFrom(self._export_model)
         return model
@@ -858,7 +886,19 @@ class BaseOrtGradient(BaseEstimator):
         Made once after each fit (and after unpickling), so that predicting
         never changes the estimator.
         """
-        providers, _ = device_to_providers(self.device)
+        try:
+            providers, _ = device_to_providers(self.device)
+        except ValueError as exc:  # fitted on a GPU, loaded where there is none
+            if not str(self.device).lower().startswith("cuda"):
+                raise
+            warnings.warn(
+                f"This model was fitted with device={self.device!r}, which is not available "
+                f"here ({exc}): it predicts on the CPU. Set device='cpu' before "
+                "continuing its training here.",
+                UserWarning,
+                stacklevel=3,
+            )
+            providers = ["CPUExecutionProvider"]
         onnxruntime = import_onnxruntime()
         # the threads of where the sessions are made (a worker after unpickling)
         options = session_options(intra_op_threads(getattr(self, "n_jobs", None)))
@@ -880,6 +920,8 @@ class BaseOrtGradient(BaseEstimator):
     def _run_onnx(self, X, trained_graph=False):
         """Run the exported model (or the trained graph) on X; return its outputs by name."""
         check_is_fitted(self)
+        if "_raw_columns" in self.__dict__:  # fitted on a DataFrame's raw columns
+            return run_raw(self, X, trained_graph)
         X = validate_data(
             self, X, reset=False, accept_sparse=["csr", "csc"], dtype=[np.float32, np.float64]
         )

@@ -19,7 +19,7 @@ import sys
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from . import demo as _demo_module
@@ -171,11 +171,14 @@ def _add_fit_parser(commands) -> argparse.ArgumentParser:
         description=(
             "Train a scikit-learn model's weights with onnxruntime on a CSV file "
             "(a header row, one column per feature, every column but the target is a "
-            "numeric feature), print train and test metrics, write the trained ONNX model, "
-            "the fitted estimator (skops, same path with .skops) and a PNG of the loss "
-            "curve. The ONNX model takes one float32 input 'X' whose columns are the "
-            "feature columns in the order of the CSV; their names are in its metadata "
-            f"('{META_FEATURES}', comma-joined), which '{PROG} predict' reads."
+            "feature: numeric, or text one-hot encoded inside the model), print train and "
+            "test metrics, write the trained ONNX model, the fitted estimator (skops, same "
+            "path with .skops) and a PNG of the loss curve. With numeric columns only, the "
+            "ONNX model takes one float input 'X' whose columns are the feature columns in "
+            "the order of the CSV; with text columns, one input per column, named after it, "
+            "of shape (n, 1): float for numeric columns, string for text ones. The names "
+            f"are in its metadata ('{META_FEATURES}', comma-joined), which '{PROG} predict' "
+            "reads."
         ),
         epilog=(
             f"Example: {PROG} fit --data train.csv --target price --hidden 64,64 "
@@ -344,6 +347,16 @@ def _add_fit_training_flags(group) -> None:
         help="L2 penalty on the weight matrices, as in MLPRegressor (default: 0.0001)",
     )
     group.add_argument(
+        "--dtype",
+        choices=("float32", "float64"),
+        default="float32",
+        help=(
+            "the float type training computes in, and of the ONNX model's float inputs: "
+            "float32 (default, the fastest) or float64 (scikit-learn's own precision, on "
+            "the standard backend)"
+        ),
+    )
+    group.add_argument(
         "--random-state",
         type=int,
         default=None,
@@ -510,25 +523,22 @@ def _read_csv(path: str):
     return frame.set_axis([str(c) for c in frame.columns], axis=1)
 
 
-def _feature_frame(frame, features: Sequence[str]):
-    """The feature columns as float64, once they are checked numeric and complete."""
-    import numpy as np
+def _text_columns(frame, features: Sequence[str]) -> list[str]:
+    """The feature columns that are not numeric (strings, categories): one-hot encoded."""
     import pandas as pd
 
+    return [c for c in features if not pd.api.types.is_numeric_dtype(frame[c])]
+
+
+def _feature_frame(frame, features: Sequence[str], text: Sequence[str] = ()):
+    """The feature columns once checked complete: numeric ones as float64, text as str.
+
+    Text columns (strings, categories, and those in ``text``: a model's text
+    columns, whatever their values in this file) are one-hot encoded inside the model.
+    """
+    import numpy as np
+
     features = list(features)
-    text = [c for c in features if not pd.api.types.is_numeric_dtype(frame[c])]
-    if text:
-        sample = frame[text[0]].dropna()
-        example = f" (values such as {str(sample.iloc[0])!r})" if len(sample) else ""
-        which = (
-            f"feature column {text[0]!r} is not numeric{example}"
-            if len(text) == 1
-            else f"feature columns {_quoted(text)} are not numeric"
-        )
-        raise CLIError(
-            f"{which}: feature columns must be numeric, encode it first (for example one-hot) "
-            "or drop it from the CSV"
-        )
     missing = frame[features].isna().sum()
     missing = missing[missing > 0]
     if len(missing):
@@ -538,7 +548,8 @@ def _feature_frame(frame, features: Sequence[str]):
             + (f" (and {len(missing) - 1} more columns have some)" if len(missing) > 1 else "")
             + ": fill or drop them first"
         )
-    return frame[features].astype(np.float64)
+    text = set(_text_columns(frame, features)) | set(text)
+    return frame[features].astype({c: (str if c in text else np.float64) for c in features})
 
 
 def _load_model(path: str, trust: bool, what: str = "the model"):
@@ -608,9 +619,10 @@ def _parent(path: str) -> None:
 class _Data:
     path: str
     target: str
-    X: Any  # DataFrame of the feature columns, float64
+    X: Any  # DataFrame of the feature columns: float64, and str for the text ones
     y: Any  # ndarray
     features: list[str]
+    text: list[str] = field(default_factory=list)  # the text columns, one-hot encoded
 
 
 def _read_training_data(args) -> _Data:
@@ -639,7 +651,7 @@ def _read_training_data(args) -> _Data:
 
     if isinstance(y.dtype, pd.CategoricalDtype) or y.dtype == bool:
         y = y.astype(str)
-    return _Data(args.data, args.target, X, y.to_numpy(), features)
+    return _Data(args.data, args.target, X, y.to_numpy(), features, _text_columns(X, features))
 
 
 # fit: choose the template -----------------------------------------------------------
@@ -683,15 +695,34 @@ def _looks_like_path(text: str) -> bool:
 
 
 def _new_template(args, data: _Data, kind: str) -> _Template:
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
-
     if args.hidden is not None and kind != "mlp":
         raise CLIError("--hidden applies to --model mlp only")
     task = infer_task(data.y) if args.task == "auto" else args.task
     final = TEMPLATES[kind](task, args.hidden)
     how = " (auto)" if args.task == "auto" else ""
-    return _Template(make_pipeline(StandardScaler(), final), task, how)
+    return _Template(_preprocessed(final, data), task, how)
+
+
+def _preprocessed(final, data: _Data):
+    """``final`` after a StandardScaler, or with text columns after a ColumnTransformer.
+
+    The ColumnTransformer scales the numeric columns and one-hot encodes the text
+    ones (a category unseen in training encodes as zeros), selecting them by name:
+    the estimator then trains on the DataFrame, and its ONNX model takes one
+    input per column.
+    """
+    from sklearn.compose import ColumnTransformer
+    from sklearn.pipeline import Pipeline, make_pipeline
+    from sklearn.preprocessing import OneHotEncoder, StandardScaler
+
+    if not data.text:
+        return make_pipeline(StandardScaler(), final)
+    numeric = [c for c in data.features if c not in data.text]
+    columns = ColumnTransformer(
+        [("scale", StandardScaler(), numeric)] * bool(numeric)
+        + [("onehot", OneHotEncoder(handle_unknown="ignore"), list(data.text))]
+    )
+    return Pipeline([("columns", columns), (type(final).__name__.lower(), final)])
 
 
 def _init_template(args, data: _Data, path: str) -> _Template:
@@ -933,6 +964,7 @@ def _make_estimator(args, chosen: _Template, loss):
         alpha=args.alpha,
         random_state=args.random_state,
         verbose=1 if args.verbose else 0,
+        dtype=args.dtype,
     )
 
 
@@ -976,9 +1008,10 @@ def _with_target_scaling(est, scaler):
 def _print_summary(args, data: _Data, chosen: _Template, loss, split: _Split, scaling: str):
     import numpy as np
 
+    encoded = f"; text columns one-hot encoded in the model: {_quoted(data.text, 8)}"
     print(
         f"data: {data.path}, {len(data.y)} rows, {len(data.features)} features "
-        f"({_quoted(data.features, 8)}), target {data.target!r}"
+        f"({_quoted(data.features, 8)}), target {data.target!r}" + encoded * bool(data.text)
     )
     task_text = f"task: {chosen.task}{chosen.how}"
     if chosen.task == "classification":
@@ -988,7 +1021,7 @@ def _print_summary(args, data: _Data, chosen: _Template, loss, split: _Split, sc
     print(
         f"model: {_describe(chosen.template)}{chosen.origin}; loss {_loss_text(loss)}, "
         f"optimizer {args.optimizer}, learning rate {args.learning_rate:g}, batch size "
-        f"{args.batch_size}, {args.epochs} epochs, alpha {args.alpha:g}"
+        f"{args.batch_size}, {args.epochs} epochs, alpha {args.alpha:g}, {args.dtype}"
     )
     if scaling:
         print(f"target: {scaling}")
@@ -1161,12 +1194,27 @@ def _write_onnx(model, data: _Data, path: str) -> None:
             f.write(onnx_model.SerializeToString())
     except OSError as exc:
         raise CLIError(f"cannot write the ONNX model to {path}: {exc.strerror or exc}") from exc
-    inputs = ", ".join(i.name for i in onnx_model.graph.input)
     outputs = ", ".join(o.name for o in onnx_model.graph.output)
-    print(
-        f"ONNX model written to {path} (input {inputs}: float32 of shape (n, "
-        f"{len(data.features)}), columns {_quoted(data.features, 8)}; outputs {outputs})"
-    )
+    inputs = list(onnx_model.graph.input)
+    if len(inputs) == 1:
+        kind = _onnx_type(inputs[0])
+        described = (
+            f"input {inputs[0].name}: {kind} of shape (n, {len(data.features)}), columns "
+            f"{_quoted(data.features, 8)}"
+        )
+    else:
+        shown = ", ".join(f"{i.name!r}: {_onnx_type(i)}" for i in inputs[:8])
+        more = f" and {len(inputs) - 8} more" if len(inputs) > 8 else ""
+        described = f"{len(inputs)} inputs of shape (n, 1), one per column: {shown}{more}"
+    print(f"ONNX model written to {path} ({described}; outputs {outputs})")
+
+
+def _onnx_type(value_info) -> str:
+    """The element type of an ONNX input, as numpy names it (float32, str, ...)."""
+    from onnx import helper
+
+    elem = value_info.type.tensor_type.elem_type
+    return "string" if elem == 8 else str(helper.tensor_dtype_to_np_dtype(elem))
 
 
 def _write_estimator(model, path: str) -> None:
@@ -1234,7 +1282,11 @@ def _fit(args: argparse.Namespace) -> int:
 
 
 class _OnnxPredictor:
-    """Predictions of an ONNX model written by ``fit`` (or any one-input model)."""
+    """Predictions of an ONNX model written by ``fit``.
+
+    Its input is one matrix ``X`` of the feature columns, or one ``(n, 1)`` input
+    per column (text columns encoded inside the model), named after the columns.
+    """
 
     def __init__(self, path: str):
         import onnxruntime
@@ -1244,29 +1296,55 @@ class _OnnxPredictor:
             self.session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
         except Exception as exc:
             raise CLIError(f"cannot load the ONNX model in {path}: {_one_line(exc)}") from exc
-        inputs = self.session.get_inputs()
-        if len(inputs) != 1:
-            raise CLIError(
-                f"the ONNX model in {path} has {len(inputs)} inputs: predict runs models of "
-                "one input, the matrix of the features"
-            )
-        self.input = inputs[0]
+        self.inputs = self.session.get_inputs()
         meta = self.session.get_modelmeta().custom_metadata_map
         if META_FEATURES_JSON in meta:
             self.features = json.loads(meta[META_FEATURES_JSON])
         elif META_FEATURES in meta:
             self.features = meta[META_FEATURES].split(",")
+        elif len(self.inputs) > 1:  # one input per column, named after it
+            self.features = [i.name for i in self.inputs]
         else:
             self.features = None
-        width = self.input.shape[-1] if len(self.input.shape) == 2 else None
-        self.n_features = width if isinstance(width, int) else None
+        if len(self.inputs) > 1 and len(self.features) != len(self.inputs):
+            raise CLIError(
+                f"the ONNX model in {path} has {len(self.inputs)} inputs and its metadata "
+                f"names {len(self.features)} feature columns: predict runs a model of one "
+                "input (the matrix of the features) or of one input per feature column"
+            )
+        self.text = [
+            column
+            for i, column in zip(self.inputs, self.features or [])
+            if len(self.inputs) > 1 and i.type == "tensor(string)"
+        ]
+        shape = self.inputs[0].shape
+        width = shape[-1] if len(self.inputs) == 1 and len(shape) == 2 else None
+        self.n_features = width if isinstance(width, int) else len(self.inputs)
         self.classes = json.loads(meta[META_CLASSES]) if META_CLASSES in meta else None
+
+    def _feed(self, X) -> dict:
+        """The session's inputs: ``X`` as one matrix, or each column as ``(n, 1)``."""
+        import numpy as np
+
+        def typed(values, kind: str):
+            if kind == "tensor(string)":
+                return values.astype(str).to_numpy(dtype=object)
+            if kind in ("tensor(int64)", "tensor(int32)"):
+                return values.to_numpy(dtype=np.int64 if kind.endswith("64)") else np.int32)
+            return values.to_numpy(dtype=np.float64 if kind == "tensor(double)" else np.float32)
+
+        if len(self.inputs) == 1:
+            return {self.inputs[0].name: typed(X, self.inputs[0].type)}
+        # the inputs come in the order of the feature columns
+        return {
+            i.name: typed(X[column], i.type).reshape(-1, 1)
+            for i, column in zip(self.inputs, self.features)
+        }
 
     def predict(self, X):
         import numpy as np
 
-        dtype = np.float64 if self.input.type == "tensor(double)" else np.float32
-        outputs = self.session.run(None, {self.input.name: X.to_numpy(dtype=dtype)})
+        outputs = self.session.run(None, self._feed(X))
         if len(outputs) < 2:  # a regressor
             return _table(outputs[0])
         labels, proba = outputs[0], outputs[1]
@@ -1289,6 +1367,9 @@ class _EstimatorPredictor:
         names = getattr(self.model, "feature_names_in_", None)
         self.features = None if names is None else [str(n) for n in names]
         self.n_features = getattr(self.model, "n_features_in_", None)
+        ours = getattr(self.model, "regressor_", self.model)  # a TransformedTargetRegressor's
+        columns = getattr(ours, "_raw_columns", None) or []  # trained on a DataFrame's columns
+        self.text = [name for name, kind in columns if kind == "string"]
 
     def predict(self, X):
         from sklearn.base import is_classifier
@@ -1356,7 +1437,7 @@ def _prediction_features(frame, predictor, data_path: str, model_path: str):
         raise CLIError(
             f"{which} missing from {data_path}: the model in {model_path} takes {_quoted(names)}"
         )
-    return _feature_frame(frame, names)
+    return _feature_frame(frame, names, predictor.text)
 
 
 def _predict(args: argparse.Namespace) -> int:

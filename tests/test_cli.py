@@ -1,3 +1,4 @@
+import io
 import os
 import pickle
 import re
@@ -37,6 +38,7 @@ FIT_FLAGS = [
     "--batch-size",
     "--epochs",
     "--alpha",
+    "--dtype",
     "--random-state",
     "--test-size",
     "--out",
@@ -457,12 +459,165 @@ def test_missing_target_column(data, capsys):
     assert "did you mean 'price'?" in line
 
 
-def test_non_numeric_feature_column(data, capsys):
-    code, out, err = run_main(capsys, "fit", "--data", data / "text.csv", "--target", "price")
+def _onnx_run_columns(path, frame):
+    """Run an ONNX model of one input per column on the raw columns of ``frame``."""
+    sess = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feed = {}
+    for i in sess.get_inputs():
+        column = frame[i.name]
+        if i.type == "tensor(string)":
+            feed[i.name] = column.astype(str).to_numpy(dtype=object).reshape(-1, 1)
+        else:
+            dtype = np.float64 if i.type == "tensor(double)" else np.float32
+            feed[i.name] = column.to_numpy(dtype=dtype).reshape(-1, 1)
+    return sess, sess.run(None, feed)
+
+
+@pytest.fixture(scope="module")
+def text_data(data):
+    """A CSV whose target depends on a text column, 'city', as much as on the numbers."""
+    rng = np.random.RandomState(1)
+    X = rng.randn(300, 2)
+    city = rng.choice(["Paris", "Rome", "Oslo"], 300)
+    frame = pd.DataFrame({"a": X[:, 0], "city": city, "b": X[:, 1]})
+    frame["price"] = X @ [1.0, -1.0] + 3.0 * (city == "Paris") - 2.0 * (city == "Oslo")
+    frame["kind"] = np.where(frame.price > frame.price.median(), "dear", "cheap")
+    frame.drop(columns="kind").to_csv(data / "text_price.csv", index=False)
+    frame.drop(columns="price").to_csv(data / "text_kind.csv", index=False)
+    # another order, the target, an unknown column, and a city unseen in training
+    new = frame[["price", "b", "city", "a"]].assign(note="x")
+    new.loc[:4, "city"] = "Lima"
+    new.to_csv(data / "text_new.csv", index=False)
+    return frame
+
+
+def test_text_columns_one_hot_encoded_inside_the_model(data, text_data):
+    """fit encodes 'city' in the model, the ONNX model takes the raw columns by name,
+    predict gives the same from the ONNX file and from the saved estimator, and a
+    fine-tuned model keeps the encoding."""
+    pytest.importorskip("skops")
+    result = run_cli(
+        "fit",
+        "--data",
+        "text_price.csv",
+        "--target",
+        "price",
+        "--learning-rate",
+        "0.01",
+        "--epochs",
+        "40",
+        "--random-state",
+        "0",
+        "--out",
+        "text/price.onnx",
+        "--quiet",
+        cwd=data,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "text columns one-hot encoded in the model: 'city'" in out
+    assert "3 inputs of shape (n, 1), one per column: 'a': float32, 'city': string" in out
+    # without the city the best R2 is about 0.4: the model uses the encoded column
+    assert _metric(out, "R2")[1] > 0.9
+    model = _load_skops(data / "text" / "price.skops")
+    assert list(model.feature_names_in_) == ["a", "city", "b"]
+    X = text_data[["a", "city", "b"]]
+    sess, (onnx_pred,) = _onnx_run_columns(data / "text" / "price.onnx", X)
+    assert [(i.name, i.type) for i in sess.get_inputs()] == [
+        ("a", "tensor(float)"),
+        ("city", "tensor(string)"),
+        ("b", "tensor(float)"),
+    ]
+    np.testing.assert_allclose(onnx_pred.ravel(), model.predict(X), rtol=1e-5, atol=1e-5)
+
+    predictions = {}
+    for name in ("price.onnx", "price.skops"):
+        result = run_cli("predict", "--model", f"text/{name}", "--data", "text_new.csv", cwd=data)
+        assert result.returncode == 0, result.stderr
+        predictions[name] = pd.read_csv(io.StringIO(result.stdout))["prediction"].to_numpy()
+    new = pd.read_csv(data / "text_new.csv")
+    expected = model.predict(new[["a", "city", "b"]])
+    for name, pred in predictions.items():
+        np.testing.assert_allclose(pred, expected, rtol=1e-5, atol=1e-5, err_msg=name)
+    # the unseen city 'Lima' is encoded as no known city: between Oslo's and Paris's
+    lima = new.assign(city="Lima")[["a", "city", "b"]].iloc[:5]
+    paris, oslo = lima.assign(city="Paris"), lima.assign(city="Oslo")
+    assert np.all(model.predict(oslo) < predictions["price.onnx"][:5])
+    assert np.all(predictions["price.onnx"][:5] < model.predict(paris))
+
+    result = run_cli(
+        "fit",
+        "--data",
+        "text_price.csv",
+        "--target",
+        "price",
+        "--init",
+        "text/price.skops",
+        "--learning-rate",
+        "1e-7",
+        "--epochs",
+        "1",
+        "--test-size",
+        "0",
+        "--out",
+        "text/tuned.onnx",
+        "--quiet",
+        cwd=data,
+    )
+    assert result.returncode == 0, result.stderr
+    _, (tuned,) = _onnx_run_columns(data / "text" / "tuned.onnx", X)
+    assert 0 < np.max(np.abs(tuned - onnx_pred)) < 1e-3
+
+
+def test_text_columns_classifier_in_float64(data, text_data):
+    pytest.importorskip("skops")
+    result = run_cli(
+        "fit",
+        "--data",
+        "text_kind.csv",
+        "--target",
+        "kind",
+        "--model",
+        "linear",
+        "--dtype",
+        "float64",
+        "--learning-rate",
+        "0.05",
+        "--epochs",
+        "50",
+        "--random-state",
+        "0",
+        "--out",
+        "text/kind.onnx",
+        "--quiet",
+        cwd=data,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "'a': float64, 'city': string, 'b': float64" in result.stdout
+    assert _metric(result.stdout, "accuracy")[1] > 0.9
+    model = _load_skops(data / "text" / "kind.skops")
+    assert model.estimator_[-1].coef_.dtype == np.float64
+    X = text_data[["a", "city", "b"]]
+    _, (labels, proba) = _onnx_run_columns(data / "text" / "kind.onnx", X)
+    np.testing.assert_allclose(proba, model.predict_proba(X), rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(labels.ravel(), model.predict(X))
+    tables = {}
+    for name in ("kind.onnx", "kind.skops"):
+        result = run_cli("predict", "--model", f"text/{name}", "--data", "text_new.csv", cwd=data)
+        assert result.returncode == 0, result.stderr
+        tables[name] = pd.read_csv(io.StringIO(result.stdout))
+        assert list(tables[name].columns) == ["prediction", "proba_cheap", "proba_dear"]
+    pd.testing.assert_frame_equal(tables["kind.onnx"], tables["kind.skops"], rtol=1e-12)
+
+
+def test_missing_text_values_are_refused(data, text_data, capsys):
+    missing = text_data.drop(columns="kind").assign(city=text_data.city.where(text_data.index > 2))
+    missing.to_csv(data / "text_missing.csv", index=False)
+    code, out, err = run_main(
+        capsys, "fit", "--data", data / "text_missing.csv", "--target", "price"
+    )
     assert code == 2
-    line = _one_error_line(err)
-    assert "feature column 'city' is not numeric" in line
-    assert "must be numeric" in line and "encode" in line
+    assert "feature column 'city' has 3 missing values" in _one_error_line(err)
 
 
 def test_unreadable_csv(tmp_path, capsys):

@@ -215,3 +215,18 @@ def test_the_logging_recipe_works_before_or_after_the_runtime_is_loaded(when):
     lines = [line for line in out.stderr.splitlines() if line.startswith("INFO:onnxgrad_sklearn")]
     assert any("Iteration 2, loss" in line for line in lines)
     assert any("backend:" in line for line in lines)
+
+
+def test_a_model_fitted_on_cuda_loads_and_predicts_on_the_cpu_with_a_warning():
+    import pickle
+
+    X, y = _data()
+    est = OrtGradientRegressor(optimizer="adam", max_iter=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est.fit(X, y)
+    expected = est.predict(X)
+    est.device = "cuda"  # as if fitted on a GPU machine (none here: CI has no GPU)
+    with pytest.warns(UserWarning, match=r"fitted with device='cuda'.*predicts on the CPU"):
+        loaded = pickle.loads(pickle.dumps(est))
+    np.testing.assert_array_equal(loaded.predict(X), expected)

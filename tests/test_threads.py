@@ -57,7 +57,9 @@ print(json.dumps(result))
 
 def _sessions_threads(env_threads, n_jobs="None"):
     env = dict(os.environ)
-    env.pop("OMP_NUM_THREADS", None)
+    # earlier tests of the session (dask, joblib) may leave thread limits in os.environ
+    for name in ("OMP_NUM_THREADS", "OMP_THREAD_LIMIT", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env.pop(name, None)
     if env_threads is not None:
         env["OMP_NUM_THREADS"] = str(env_threads)
     code = textwrap.dedent(RECORDING).replace("N_JOBS", n_jobs)
