@@ -157,8 +157,8 @@ class Family:
     def fix_export(self, est, model) -> None:
         """Correct, in place, what skl2onnx's graph of ``est`` gets wrong (default: nothing)."""
 
-    def export_options(self, est) -> dict:
-        """skl2onnx options of the exported model."""
+    def export_options(self, est, dtype=np.float32) -> dict:
+        """skl2onnx options of the exported model (``dtype``: the graph's float type)."""
         return {"zipmap": False} if is_classifier(est) else {}
 
     # settings that do not carry over ------------------------------------
@@ -446,8 +446,11 @@ class _LinearSVC(_LinearClassifier):
     def loss(self, est):
         return est.loss
 
-    def export_options(self, est):
-        return {}
+    def export_options(self, est, dtype=np.float32):
+        return _scores_export_options(dtype)
+
+    def fix_export(self, est, model):
+        _keep_positive_scores(est, model)
 
     def conversion(self, name, value, est, n_samples):
         if name == "C":
@@ -464,13 +467,50 @@ class _RidgeClassifier(_LinearClassifier):
     def signed_targets(self, est):
         return True
 
-    def export_options(self, est):
-        return {}
+    def export_options(self, est, dtype=np.float32):
+        return _scores_export_options(dtype)
+
+    def fix_export(self, est, model):
+        _keep_positive_scores(est, model)
 
     def conversion(self, name, value, est, n_samples):
         if name == "alpha":
             return _penalty_advice(value, 0.0, "RidgeClassifier's alpha is this alpha")
         return None
+
+
+def _scores_export_options(dtype):
+    # skl2onnx converts LinearSVC and RidgeClassifier to double only with raw_scores
+    # (without: NotImplementedError "post_transform 'NONE' is not supported with double")
+    return {"raw_scores": True} if np.dtype(dtype) == np.float64 else {}
+
+
+def _keep_positive_scores(est, model) -> None:
+    """Give a binary double export the float32 export's scores: ``f``, shape (n, 1).
+
+    With ``raw_scores`` skl2onnx outputs ``[-f, f]`` for two classes.
+    """
+    from onnx import TensorProto, helper, numpy_helper
+
+    if len(est.classes_) != 2 or model.graph.input[0].type.tensor_type.elem_type != (
+        TensorProto.DOUBLE
+    ):
+        return
+    output = model.graph.output[1]
+    pair = output.name + "_pair"
+    for node in model.graph.node:
+        for names in (node.input, node.output):
+            for k, name in enumerate(names):
+                if name == output.name:
+                    names[k] = pair
+    index = output.name + "_positive"
+    model.graph.initializer.append(numpy_helper.from_array(np.array([1], np.int64), index))
+    model.graph.node.append(
+        helper.make_node("Gather", [pair, index], [output.name], axis=1, name=index)
+    )
+    dims = output.type.tensor_type.shape.dim
+    if len(dims) == 2:
+        dims[1].dim_value = 1
 
 
 class _MLPFamily(Family):
@@ -589,6 +629,7 @@ class _MLPClassifier(_MLPFamily):
         return _identity_mlp(est)
 
     def fix_export(self, est, model):
+        _binarizer_to_greater(model)
         # skl2onnx exports the probabilities of a two-label multilabel MLPClassifier as
         # those of a binary problem, Concat([1 - p, p]) of shape (n, 4): keep p.
         binarizer = getattr(est, "_label_binarizer", None)
@@ -603,6 +644,32 @@ class _MLPClassifier(_MLPFamily):
                 del node.attribute[:]
                 node.input.append(p)
                 return
+
+
+def _binarizer_to_greater(model) -> None:
+    """Write a double graph's ai.onnx.ml Binarizer (multilabel labels) as ``Greater``.
+
+    onnxruntime has no double Binarizer kernel; its only consumer, a Cast to int64,
+    takes Greater's booleans (``x > threshold``, as Binarizer and scikit-learn).
+    """
+    from onnx import TensorProto, numpy_helper
+
+    if model.graph.input[0].type.tensor_type.elem_type != TensorProto.DOUBLE:
+        return
+    consumers = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, set()).add(node.op_type)
+    for node in model.graph.node:
+        # the labels' Binarizer only (not a preprocessing Binarizer feeding the model)
+        if node.op_type != "Binarizer" or consumers.get(node.output[0]) != {"Cast"}:
+            continue
+        (threshold,) = [a.f for a in node.attribute if a.name == "threshold"] or [0.0]
+        name = node.output[0] + "_threshold"
+        model.graph.initializer.append(numpy_helper.from_array(np.array(threshold), name))
+        node.op_type, node.domain = "Greater", ""
+        del node.attribute[:]
+        node.input.append(name)
 
 
 def _identity_mlp(est):

@@ -86,7 +86,7 @@ def export_model(est, n_features: int, dtype=np.float32) -> onnx.ModelProto:
 
     final = final_estimator(est)
     family = family_of(final)
-    options = family.export_options(final)
+    options = family.export_options(final, dtype)
     link = family.output_link(final)
     if link is not None:  # converted without its output function, appended below
         view = family.trained_view(final)

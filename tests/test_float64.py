@@ -15,14 +15,20 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
+import scipy.sparse as sp
 from conftest import rel_error
+from sklearn import linear_model as lm
+from sklearn import svm
 from sklearn.base import clone
+from sklearn.datasets import load_diabetes, load_iris, make_multilabel_classification
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LinearRegression, LogisticRegression, PoissonRegressor, Ridge
 from sklearn.model_selection import GridSearchCV
 from sklearn.neural_network import MLPClassifier, MLPRegressor
+from sklearn.preprocessing import StandardScaler
 
 from onnxgrad_sklearn import OrtGradientClassifier, OrtGradientRegressor
+from onnxgrad_sklearn import losses as L
 from onnxgrad_sklearn._graph import GraphBuilder
 from onnxgrad_sklearn.engine import TrainingEngine
 from onnxgrad_sklearn.losses import (
@@ -304,7 +310,22 @@ GRADIENT_CASES = {
     "poisson": (PoissonDeviance(), "counts"),
     "log_loss": (LogLoss(), "onehot"),
     "hinge": (Hinge(), "onehot"),
+    "absolute_error": (L.AbsoluteError(), "real"),
+    "epsilon_insensitive": (L.EpsilonInsensitive(epsilon=0.2), "real"),
+    "squared_epsilon_insensitive": (L.SquaredEpsilonInsensitive(epsilon=0.2), "real"),
+    "gamma": (L.GammaDeviance(), "positive"),
+    "tweedie": (L.TweedieDeviance(power=1.5), "counts"),
+    "squared_hinge": (L.SquaredHinge(), "onehot"),
+    "modified_huber": (L.ModifiedHuber(), "onehot"),
+    "perceptron": (L.Perceptron(), "onehot"),
 }
+
+
+def test_gradient_cases_cover_every_built_in_loss():
+    assert set(GRADIENT_CASES) == set(L.REGRESSION_LOSSES + L.CLASSIFICATION_LOSSES)
+    assert len(GRADIENT_CASES) == 14
+    for name, (loss, _) in GRADIENT_CASES.items():
+        assert type(loss) is type(L.get_loss(name))
 
 
 @pytest.mark.parametrize("penalty", [(0.0, 0.0), (0.3, 0.5)], ids=["plain", "elastic-net"])
@@ -318,6 +339,8 @@ def test_float64_gradients_match_central_differences(name, penalty):
         y = rng.randn(40, n_outputs)
     elif kind == "counts":
         y = rng.poisson(1.5, (40, n_outputs)).astype(np.float64)
+    elif kind == "positive":
+        y = rng.uniform(0.5, 3.0, (40, n_outputs))
     else:
         y = np.eye(n_outputs)[rng.randint(0, n_outputs, 40)]
     sw = rng.uniform(0.5, 2.0, 40)
@@ -380,6 +403,141 @@ def test_double_export_equals_predict_proba(fitted_classifier):
     np.testing.assert_array_equal(ours.classes_[label.astype(int)], ours.predict(X))
     _, proba32 = _run(ours.to_onnx(dtype="float32"), X.astype(np.float32))
     np.testing.assert_allclose(proba32, ours.predict_proba(X), atol=1e-5)
+
+
+# every template family in float64 ------------------------------------------------------
+def _float64_arrays(est):
+    """The trained arrays of a fitted template (linear or MLP)."""
+    names = ("coefs_", "intercepts_") if hasattr(est, "coefs_") else ("coef_", "intercept_")
+    arrays = []
+    for name in names:
+        value = getattr(est, name)
+        arrays.extend(value if isinstance(value, list) else [value])
+    return [np.asarray(a) for a in arrays]
+
+
+def _family_data(target):
+    X, y = load_diabetes(return_X_y=True)
+    X, y = StandardScaler().fit_transform(X[:200]), y[:200]
+    if target == "positive":  # GLMs with a log link, Gamma: y > 0
+        return X, y / y.mean()
+    return X, (y - y.mean()) / y.std()
+
+
+REGRESSION_FAMILIES = {
+    "LinearRegression": (lm.LinearRegression(), "real"),
+    "Lasso": (lm.Lasso(), "real"),
+    "SGDRegressor": (lm.SGDRegressor(), "real"),
+    "SGDRegressor-huber": (lm.SGDRegressor(loss="huber"), "real"),
+    "SGDRegressor-epsilon_insensitive": (lm.SGDRegressor(loss="epsilon_insensitive"), "real"),
+    "SGDRegressor-squared_epsilon_insensitive": (
+        lm.SGDRegressor(loss="squared_epsilon_insensitive"),
+        "real",
+    ),
+    "HuberRegressor": (lm.HuberRegressor(), "real"),
+    "QuantileRegressor": (lm.QuantileRegressor(quantile=0.7), "real"),
+    "LinearSVR": (svm.LinearSVR(epsilon=0.1), "real"),
+    "LinearSVR-squared": (svm.LinearSVR(loss="squared_epsilon_insensitive"), "real"),
+    "PoissonRegressor": (lm.PoissonRegressor(), "positive"),
+    "GammaRegressor": (lm.GammaRegressor(), "positive"),
+    "TweedieRegressor-1.5": (lm.TweedieRegressor(power=1.5), "positive"),
+    "TweedieRegressor-0-identity": (lm.TweedieRegressor(power=0.0), "real"),
+    "MLPRegressor": (MLPRegressor(hidden_layer_sizes=(5, 5)), "real"),
+    "MLPRegressor-poisson": (MLPRegressor(hidden_layer_sizes=(5,), loss="poisson"), "positive"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REGRESSION_FAMILIES))
+def test_every_regression_family_trains_predicts_and_exports_in_float64(name):
+    template, target = REGRESSION_FAMILIES[name]
+    X, y = _family_data(target)
+    est = OrtGradientRegressor(template, dtype="float64", max_iter=5, random_state=0).fit(X, y)
+    assert est.backend_ == "standard"
+    arrays = _float64_arrays(est.estimator_)
+    assert all(a.dtype == np.float64 for a in arrays)
+    assert np.abs(arrays[0]).max() > 0  # trained (linear templates start from zeros)
+    pred = est.predict(X)
+    assert pred.dtype == np.float64 and pred.shape == y.shape
+    # scikit-learn's own predict with the trained float64 weights
+    assert rel_error(est.estimator_.predict(X), pred) < 1e-12
+    model = est.to_onnx()
+    assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.DOUBLE
+    (exported,) = _run(model, X)[:1]
+    assert exported.dtype == np.float64
+    np.testing.assert_allclose(exported.ravel(), pred, rtol=1e-12, atol=1e-14)
+
+
+CLASSIFICATION_FAMILIES = {
+    "LogisticRegression": lm.LogisticRegression(),
+    "SGDClassifier-log_loss": lm.SGDClassifier(loss="log_loss"),
+    "SGDClassifier-hinge": lm.SGDClassifier(loss="hinge"),
+    "SGDClassifier-squared_hinge": lm.SGDClassifier(loss="squared_hinge"),
+    "SGDClassifier-modified_huber": lm.SGDClassifier(loss="modified_huber"),
+    "SGDClassifier-perceptron": lm.SGDClassifier(loss="perceptron"),
+    "Perceptron": lm.Perceptron(),
+    "LinearSVC": svm.LinearSVC(),
+    "LinearSVC-hinge": svm.LinearSVC(loss="hinge"),
+    "RidgeClassifier": lm.RidgeClassifier(),
+    "MLPClassifier": MLPClassifier(hidden_layer_sizes=(5, 5)),
+}
+
+
+def _check_classifier_in_float64(est, X):
+    arrays = _float64_arrays(est.estimator_)
+    assert all(a.dtype == np.float64 for a in arrays)
+    assert np.abs(arrays[0]).max() > 0
+    labels = est.predict(X)
+    np.testing.assert_array_equal(est.estimator_.predict(X), labels)
+    decision = est.decision_function(X)
+    assert decision.dtype == np.float64
+    if hasattr(est.estimator_, "decision_function"):
+        assert rel_error(est.estimator_.decision_function(X), decision) < 1e-12
+    model = est.to_onnx()
+    assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.DOUBLE
+    exported_labels, second = _run(model, X)
+    np.testing.assert_array_equal(exported_labels.reshape(labels.shape), labels)
+    assert second.dtype == np.float64
+    if hasattr(est, "predict_proba"):
+        proba = est.predict_proba(X)
+        assert proba.dtype == np.float64
+        # scikit-learn's probabilities of the trained weights (modified Huber's clipped ones)
+        assert rel_error(est.estimator_.predict_proba(X), proba) < 1e-12
+        np.testing.assert_allclose(second, proba, rtol=1e-12, atol=1e-15)
+    else:  # the decision values: (n, 1) or [-f, f] for two classes, one per class otherwise
+        scores = second.reshape(len(X), -1)
+        expected = decision.reshape(len(X), -1)
+        np.testing.assert_allclose(scores[:, -expected.shape[1] :], expected, rtol=1e-12)
+    # the float32 export of the same model, for deployment: the same outputs, rounded
+    _, second32 = _run(est.to_onnx(dtype="float32"), X.astype(np.float32))
+    assert second32.dtype == np.float32 and second32.shape == second.shape
+    np.testing.assert_allclose(second32, second, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n_classes", [2, 3])
+@pytest.mark.parametrize("name", sorted(CLASSIFICATION_FAMILIES))
+def test_every_classification_family_trains_predicts_and_exports_in_float64(name, n_classes):
+    X, y = load_iris(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    if n_classes == 2:
+        X, y = X[y > 0], y[y > 0]
+    template = CLASSIFICATION_FAMILIES[name]
+    est = OrtGradientClassifier(template, dtype="float64", max_iter=5, random_state=0).fit(X, y)
+    assert est.backend_ == "standard"
+    probabilistic = ("LogisticRegression", "SGDClassifier-log_loss", "MLPClassifier")
+    gives_proba = name in probabilistic or name == "SGDClassifier-modified_huber"
+    assert hasattr(est, "predict_proba") == gives_proba
+    _check_classifier_in_float64(est, X)
+
+
+@pytest.mark.parametrize("n_labels", [2, 3])
+def test_multilabel_mlp_classifier_trains_predicts_and_exports_in_float64(n_labels):
+    X, Y = make_multilabel_classification(
+        n_samples=150, n_features=5, n_classes=n_labels, random_state=0
+    )
+    template = MLPClassifier(hidden_layer_sizes=(6,))
+    est = OrtGradientClassifier(template, dtype="float64", max_iter=5, random_state=0).fit(X, Y)
+    assert est.predict(X).shape == Y.shape
+    _check_classifier_in_float64(est, X)
 
 
 # the parameter -------------------------------------------------------------------------
@@ -514,6 +672,8 @@ def test_onnx_loss_that_cannot_be_retyped_is_refused(fitted_regressor):
 
 
 # convex templates against scikit-learn's own solution ----------------------------------
+# (the non-smooth ones, QuantileRegressor, LinearSVR and the hinge, by objective value in
+# both dtypes: tests/test_convex.py)
 #: scipy's default ftol (2.2e-9, as MLPRegressor) stops 3e-7 (LogisticRegression) to
 #: 1e-5 (PoissonRegressor) away; scikit-learn's linear models pass 64 * eps
 SKLEARN_LBFGS = LBFGS(ftol=64 * np.finfo(float).eps)
@@ -578,3 +738,90 @@ def test_poisson_regressor_reaches_sklearn_solution_in_float64():
         dtype="float64",
     ).fit(X, y)
     _assert_close_coefficients(ours.estimator_, ref)
+
+
+def _imbalanced_iris():
+    X, y = load_iris(return_X_y=True)
+    keep = np.r_[0:50, 50:65, 100:140]  # 50, 15 and 40 samples
+    return StandardScaler().fit_transform(X[keep]), y[keep]
+
+
+def test_class_weights_of_template_and_estimator_reach_sklearn_solution_in_float64():
+    X, y = _imbalanced_iris()
+    C, weights = 0.5, {0: 0.5, 1: 3.0, 2: 1.0}
+    solver = dict(alpha=1 / C, tol=1e-12, max_iter=10_000, optimizer=SKLEARN_LBFGS)
+    for class_weight in ("balanced", weights):
+        ref = LogisticRegression(C=C, class_weight=class_weight, tol=1e-12, max_iter=10_000)
+        ref.fit(X, y)
+        template = LogisticRegression(C=C, class_weight=class_weight)
+        from_template = OrtGradientClassifier(template, dtype="float64", **solver).fit(X, y)
+        own = OrtGradientClassifier(
+            LogisticRegression(C=C), class_weight=class_weight, dtype="float64", **solver
+        ).fit(X, y)
+        _assert_close_coefficients(from_template.estimator_, ref)
+        _assert_close_coefficients(own.estimator_, ref)
+        plain = LogisticRegression(C=C, tol=1e-12, max_iter=10_000).fit(X, y)
+        assert rel_error(plain.coef_, ref.coef_) > 1e-2  # the weights change the solution
+
+
+def test_fine_tuning_a_fitted_linear_template_starts_from_its_float64_weights():
+    """One full-batch SGD step from a fitted template: numpy's step, to 1e-12."""
+    X, z, rng = _convex_data()
+    n, lr, alpha = len(z), 0.05, 0.3
+    step = dict(optimizer="sgd", learning_rate_init=lr, batch_size=n, shuffle=False)
+    step.update(max_iter=1, alpha=alpha, dtype="float64")
+
+    y = z + 0.1 * rng.randn(n)
+    fitted = Ridge(alpha=10.0).fit(X, y)
+    before = fitted.coef_.copy()
+    est = OrtGradientRegressor(fitted, **step).fit(X, y)
+    residual = X @ fitted.coef_ + fitted.intercept_ - y
+    coef = fitted.coef_ - lr * (X.T @ residual / n + alpha * fitted.coef_ / n)
+    intercept = fitted.intercept_ - lr * residual.mean()
+    assert rel_error(est.estimator_.coef_, coef) < 1e-12
+    assert est.estimator_.intercept_ == pytest.approx(intercept, rel=1e-12)
+    assert rel_error(coef, fitted.coef_) > 1e-5  # the step is not nothing
+    np.testing.assert_array_equal(fitted.coef_, before)  # the template is not modified
+
+    labels = (z + 0.5 * rng.randn(n) > 0).astype(int)
+    fitted = LogisticRegression(C=0.1).fit(X, labels)
+    est = OrtGradientClassifier(fitted, **step).fit(X, labels)
+    proba = 1 / (1 + np.exp(-(X @ fitted.coef_.ravel() + fitted.intercept_)))
+    coef = fitted.coef_ - lr * ((proba - labels) @ X / n + alpha * fitted.coef_ / n)
+    intercept = fitted.intercept_ - lr * np.mean(proba - labels)
+    assert rel_error(est.estimator_.coef_, coef) < 1e-12
+    assert rel_error(est.estimator_.intercept_, intercept) < 1e-12
+    assert rel_error(coef, fitted.coef_) > 1e-5
+
+
+SPARSE_CASES = {
+    "ridge-lbfgs": (OrtGradientRegressor, Ridge(), dict(optimizer=SKLEARN_LBFGS, max_iter=200)),
+    "mlp-adam": (
+        OrtGradientRegressor,
+        MLPRegressor(hidden_layer_sizes=(6,)),
+        dict(optimizer="adam", batch_size=32, max_iter=3, learning_rate_init=0.01),
+    ),
+    "logistic-lbfgs": (
+        OrtGradientClassifier,
+        LogisticRegression(),
+        dict(optimizer=SKLEARN_LBFGS, max_iter=200),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SPARSE_CASES))
+def test_sparse_csr_input_trains_the_dense_weights_in_float64(case):
+    cls, template, params = SPARSE_CASES[case]
+    X = sp.random(150, 12, density=0.3, format="csr", random_state=0, dtype=np.float64)
+    rng = np.random.RandomState(1)
+    y = X @ rng.randn(12) + 0.1 * rng.randn(150)
+    if cls is OrtGradientClassifier:
+        y = np.digitize(y, np.quantile(y, [0.33, 0.66]))
+    est = cls(template, dtype="float64", random_state=0, tol=0.0, **params)
+    dense = clone(est).fit(X.toarray(), y)
+    sparse = clone(est).fit(X, y)
+    for a, b in zip(_float64_arrays(sparse.estimator_), _float64_arrays(dense.estimator_)):
+        assert a.dtype == np.float64
+        assert rel_error(a, b) < 1e-12
+    assert np.abs(_float64_arrays(dense.estimator_)[0]).max() > 0
+    np.testing.assert_allclose(sparse.predict(X), dense.predict(X.toarray()), rtol=1e-12)
