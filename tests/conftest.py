@@ -2,13 +2,6 @@ import numpy as np
 import pytest
 
 
-def rel_error(actual, expected):
-    """Relative error of ``actual`` against ``expected``, in the Frobenius norm."""
-    actual = np.asarray(actual, dtype=np.float64)
-    expected = np.asarray(expected, dtype=np.float64)
-    return np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-30)
-
-
 @pytest.fixture
 def regression_data():
     rng = np.random.RandomState(0)

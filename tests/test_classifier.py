@@ -6,7 +6,7 @@ import warnings
 import numpy as np
 import onnxruntime
 import pytest
-from conftest import rel_error
+from _helpers import rel_error
 from sklearn.datasets import load_breast_cancer, load_digits, make_classification
 from sklearn.exceptions import ConvergenceWarning, DataConversionWarning
 from sklearn.linear_model import LogisticRegression, SGDClassifier

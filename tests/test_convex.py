@@ -24,7 +24,7 @@ import warnings
 import numpy as np
 import onnx
 import pytest
-from conftest import rel_error
+from _helpers import rel_error
 from sklearn.datasets import load_breast_cancer, load_diabetes, load_iris
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import (

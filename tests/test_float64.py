@@ -16,7 +16,7 @@ import onnx
 import onnxruntime
 import pytest
 import scipy.sparse as sp
-from conftest import rel_error
+from _helpers import rel_error
 from sklearn import linear_model as lm
 from sklearn import svm
 from sklearn.base import clone

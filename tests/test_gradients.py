@@ -4,7 +4,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import rel_error
+from _helpers import rel_error
 from sklearn.decomposition import PCA
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import ElasticNet, Lasso, LinearRegression, Ridge, SGDRegressor

@@ -15,7 +15,7 @@ import onnx
 import onnx_ad
 import onnxruntime
 import pytest
-from conftest import rel_error
+from _helpers import rel_error
 from sklearn._loss.loss import (
     HalfGammaLoss,
     HalfPoissonLoss,

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
-from conftest import rel_error
+from _helpers import rel_error
 from onnx import TensorProto, helper
 from sklearn.datasets import load_diabetes
 from sklearn.decomposition import PCA

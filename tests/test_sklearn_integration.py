@@ -9,7 +9,7 @@ import joblib
 import numpy as np
 import pytest
 import sklearn
-from conftest import rel_error
+from _helpers import rel_error
 from sklearn.base import clone
 from sklearn.compose import ColumnTransformer
 from sklearn.exceptions import ConvergenceWarning

@@ -5,7 +5,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import rel_error
+from _helpers import rel_error
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.neural_network import MLPRegressor
 

@@ -1,0 +1,10 @@
+"""Helpers shared by the tests (fixtures stay in conftest.py)."""
+
+import numpy as np
+
+
+def rel_error(actual, expected):
+    """Relative error of ``actual`` against ``expected``, in the Frobenius norm."""
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    return np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-30)
