@@ -41,7 +41,7 @@ TEMPLATES = {
     "Pipeline-scalers": lambda: make_pipeline(StandardScaler(), MinMaxScaler(), Ridge()),
     "Pipeline-pca-poly": lambda: make_pipeline(PCA(3), PolynomialFeatures(2), LinearRegression()),
     "Pipeline-mlp": lambda: make_pipeline(
-        StandardScaler(), MLPRegressor(hidden_layer_sizes=(5,), max_iter=20)
+        StandardScaler(), MLPRegressor(hidden_layer_sizes=(5,), max_iter=20, random_state=0)
     ),
 }
 
