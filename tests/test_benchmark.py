@@ -12,7 +12,18 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "bench.py")
 WORKLOADS = ("mlp_reg_b256", "mlp_reg_b32", "mlp_clf_b64", "linear_b1024")
+FITS = ("fit_diabetes_nesterov", "fit_5k_adam", "fit_diabetes_nesterov_f64", "fit_5k_adam_f64")
+BACKENDS = ("agent", "standard")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+
+
+def _have_agent():
+    try:
+        from onnxgrad_sklearn.backends import agent_available
+    except ImportError:
+        return False
+    return agent_available()
 
 
 @pytest.fixture(scope="module")
@@ -23,10 +34,31 @@ def quick_run(tmp_path_factory):
         [sys.executable, SCRIPT, "--quick", "--out", str(out)],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
         cwd=ROOT,
     )
     return out, proc
+
+
+@pytest.fixture(scope="module")
+def doc(quick_run):
+    out, proc = quick_run
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(out / "latest.json") as f:
+        return json.load(f)
+
+
+def _positive_finite(value):
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def _frameworks(dtype="float32"):
+    fws = ["standard", "sklearn"]
+    if dtype == "float32" and _have_agent():
+        fws.append("agent")
+    if HAVE_TORCH:
+        fws.append("torch")
+    return fws
 
 
 def test_quick_run_exits_cleanly(quick_run):
@@ -34,41 +66,66 @@ def test_quick_run_exits_cleanly(quick_run):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
-def _positive_finite(value):
-    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
-
-
-def test_json_has_every_workload(quick_run):
-    out, proc = quick_run
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    with open(out / "latest.json") as f:
-        doc = json.load(f)
+def test_json_has_every_workload_and_framework(doc):
     assert doc["meta"]["mode"] == "quick"
-    frameworks = ["ort", "sklearn"]
-    if importlib.util.find_spec("torch") is not None:
-        frameworks.append("torch")
+    assert doc["meta"]["uptime_start"] is None or "load average" in doc["meta"]["uptime_start"]
     assert set(WORKLOADS) <= set(doc["workloads"])
     for name in WORKLOADS:
         cells = doc["workloads"][name]["frameworks"]
-        for fw in frameworks:
-            value = cells[fw]["s_per_epoch"]
-            assert _positive_finite(value), (name, fw, cells[fw])
+        for fw in _frameworks():
+            assert _positive_finite(cells[fw]["s_per_epoch"]), (name, fw, cells[fw])
+            assert set(cells[fw]["by_threads"]) == {"1", "2"}, (name, fw)
+        for fw in BACKENDS:
+            if fw in cells and cells[fw]["s_per_epoch"] is not None:
+                assert cells[fw]["backend_"] == fw  # what ran, from the fitted estimator
+        ratios = doc["workloads"][name]["ratios"]
+        if _have_agent():
+            assert _positive_finite(ratios["standard_over_agent"])
 
 
-def test_memory_scaling_is_measured(quick_run):
-    out, proc = quick_run
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    with open(out / "latest.json") as f:
-        doc = json.load(f)
-    ort = doc["memory_scaling"]["frameworks"]["ort"]
-    sizes = [p["hidden"][0] for p in ort["points"]]
-    assert len(sizes) >= 2 and sizes == sorted(sizes)
-    state = [p["weights_grads_state_mb"] for p in ort["points"]]
-    assert state == sorted(state) and state[0] > 0
-    assert all(_positive_finite(p["peak_above_data_mb"]) for p in ort["points"])
-    assert math.isfinite(ort["slope"])
+def test_small_data_fits_are_measured(doc):
+    assert set(FITS) <= set(doc["fits"])
+    for name in FITS:
+        entry = doc["fits"][name]
+        for fw in _frameworks(entry["dtype"]):
+            assert _positive_finite(entry["frameworks"][fw]["s_per_fit"]), (name, fw)
+        assert "agent" not in entry["frameworks"] or entry["dtype"] == "float32"
+        assert _positive_finite(entry["ratios"]["standard_over_sklearn"])
+
+
+def test_daily_use_rows(doc):
+    daily = doc["daily_use"]
+    ort = daily["predict"]["ort"]
+    for who in ("standard", "InferenceSession"):
+        for rows in ("1", "1000"):
+            assert _positive_finite(ort[who][rows]["median_us"]), (who, rows)
+    assert _positive_finite(daily["predict"]["sklearn"]["MLPRegressor"]["1"]["median_us"])
+    for fw in ("standard", "sklearn"):
+        assert _positive_finite(daily["grid"][fw]["first_s"]), daily["grid"][fw]
+    imports = daily["import"]
+    assert _positive_finite(imports["sklearn.neural_network"]["import_s"])
+    standard = imports["onnxgrad_sklearn, standard"]
+    assert _positive_finite(standard["import_s"]) and _positive_finite(standard["first_fit_s"])
+
+
+def test_memory_scaling_is_measured(doc):
+    for fw in ("standard", "agent") if _have_agent() else ("standard",):
+        entry = doc["memory_scaling"]["frameworks"][fw]
+        sizes = [p["hidden"][0] for p in entry["points"]]
+        assert len(sizes) >= 2 and sizes == sorted(sizes)
+        state = [p["weights_grads_state_mb"] for p in entry["points"]]
+        assert state == sorted(state) and state[0] > 0
+        assert all(_positive_finite(p["peak_above_data_mb"]) for p in entry["points"])
+        assert math.isfinite(entry["slope"])
     target = next(t for t in doc["targets"] if t["target"].startswith("peak RSS per MB"))
-    assert target["measured"] == ort["slope"]
+    assert target["measured"] == doc["memory_scaling"]["frameworks"]["standard"]["slope"]
+
+
+def test_targets_name_their_issue(doc):
+    assert {t["issue"] for t in doc["targets"]} == {18, 20}
+    for t in doc["targets"]:
+        assert t["met"] in (True, False, None)
+        assert t["met"] is None or _positive_finite(abs(t["measured"]) + 1)
 
 
 def test_png_is_written(quick_run):
