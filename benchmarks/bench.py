@@ -18,7 +18,7 @@ linear workload), each framework in its own processes, 2 threads everywhere.
 Reported, as ratios: seconds per epoch of the large workloads, whole fits of
 new estimators on small data (float32 and float64), predict latency, import
 time and the first fit after it, ``GridSearchCV(n_jobs=2)``, peak RSS against
-the size of the model, and the targets of issues 18 and 20 (met / not met).
+the size of the model, and the targets (training, daily use: met / not met).
 
 The modules: :mod:`bench_workloads` (data, models, each framework's estimator),
 :mod:`bench_runners` (what one worker process measures), :mod:`bench_driver`

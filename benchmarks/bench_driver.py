@@ -291,7 +291,7 @@ def run_fit_workloads(frameworks, cfg: dict) -> dict:
 
 
 def run_daily_use(frameworks, cfg: dict) -> dict:
-    """Issue 20's rows: predict latency, GridSearchCV(n_jobs=2), import and first fit."""
+    """Daily-use rows: predict latency, GridSearchCV(n_jobs=2), import and first fit."""
     out = {"predict": {}, "grid": {}}
     for fw in ("ort", "sklearn"):
         task = {"kind": "predict", "framework": fw, "quick": cfg["quick"]}

@@ -21,6 +21,10 @@ LABELS = {
 }
 
 
+#: The group of each target, by its number in the results.
+_GROUPS = {18: "training", 20: "daily use"}
+
+
 def _median(values):
     return statistics.median(values) if values else None
 
@@ -173,7 +177,7 @@ def _predict_us(doc, who, rows):
 
 
 def targets(doc: dict) -> list[dict]:
-    """Check issue 18's targets (and issue 20's, informative) against the measurements."""
+    """Check the targets against the measurements: training (18) and daily use (20)."""
     w, fits = doc["workloads"], doc["fits"]
     out = []
 
@@ -337,7 +341,7 @@ def print_report(doc: dict) -> None:
     for t in doc["targets"]:
         status = {True: "met", False: "NOT met", None: "not measured"}[t["met"]]
         print(
-            f"  [{status:12s}] (issue {t['issue']}) {t['target']}: measured "
+            f"  [{status:12s}] ({_GROUPS.get(t['issue'], t['issue'])}) {t['target']}: measured "
             f"{fmt(t['measured'], '.3f')} {t['unit']}"
             + (
                 f" ({fmt(t[f'measured_at_{THREADS}_threads'], '.3f')} at {THREADS} threads)"

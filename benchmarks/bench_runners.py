@@ -359,7 +359,7 @@ def run_fits(task: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------
-# predict latency and GridSearchCV (issue 20)
+# predict latency and GridSearchCV (daily use)
 # ---------------------------------------------------------------------------
 
 PREDICT_SPEC = FITS["fit_diabetes_nesterov"]

@@ -72,7 +72,7 @@ WORKLOADS = {
     },
 }
 
-#: Whole-fit workloads (issue 18's small data); ``quick_epochs`` with --quick.
+#: Whole-fit workloads (small data); ``quick_epochs`` with --quick.
 FITS = {
     "fit_diabetes_nesterov": {
         "title": "MLP (64,) on diabetes 442 x 10, Nesterov, batch 32, 100 epochs",
