@@ -102,6 +102,20 @@ FITS = {
         "quick_epochs": 5,
         "dtype": "float32",
     },
+    "fit_b256_nesterov": {
+        "title": "MLP 100-256-256-1 on 20,000 x 100, Nesterov, batch 256, 3 epochs",
+        "kind": "mlp_reg",
+        "data": "synthetic",
+        "rows": 20_000,
+        "features": 100,
+        "hidden": (256, 256),
+        "optimizer": "nesterov",
+        "batch": 256,
+        "lr": 0.001,
+        "epochs": 3,
+        "quick_epochs": 1,
+        "dtype": "float32",
+    },
 }
 for _name in list(FITS):
     FITS[_name + "_f64"] = {
