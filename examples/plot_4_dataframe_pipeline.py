@@ -1,20 +1,19 @@
 """
-A Pipeline trained on a DataFrame, exported to ONNX
-===================================================
+A Pipeline trained on a DataFrame, exported to ONNX with its raw columns
+========================================================================
 
-A ``Pipeline`` of a ``StandardScaler`` and an ``MLPRegressor`` is the template; the
-training data is a pandas DataFrame (the diabetes data, ten numeric columns). The scaler
-is fitted on the frame and frozen, the MLP trains on onnxruntime. The fitted estimator
-keeps the column names (``feature_names_in_``) as scikit-learn does, and
+The template is a ``Pipeline`` whose head is a ``ColumnTransformer``: a
+``StandardScaler`` on the numeric columns, selected by name, and a ``OneHotEncoder`` on
+a text column; an ``MLPRegressor`` follows. The training data is a pandas DataFrame:
+the diabetes data, with its ``sex`` column written as the text ``"F"`` / ``"M"``. The
+head is fitted on the frame and frozen, the MLP trains on onnxruntime, and the fitted
+estimator keeps the column names (``feature_names_in_``) as scikit-learn does.
+
 :meth:`~onnxgrad_sklearn.OrtGradientRegressor.to_onnx` gives one ONNX graph of the
-whole pipeline, scaler included. A plain ``onnxruntime.InferenceSession`` of that
-file gives the predictions of ``predict``.
-
-The columns here are all numeric: the ONNX graph takes one float32 matrix ``X``, its
-columns in the order of the frame's. With string columns one-hot encoded inside the
-model (a ``ColumnTransformer`` with a ``OneHotEncoder`` in front of the MLP), the graph
-takes one input per raw column instead, named after it (see the user guide's
-"DataFrames and their raw columns").
+whole pipeline, encoder and scaler included, with one input per raw column named after
+it (skl2onnx's convention): float columns as ``tensor(float)``, the text column as
+``tensor(string)``. A plain ``onnxruntime.InferenceSession`` of that file, fed the
+columns of the frame, gives the predictions of ``predict``.
 """
 
 import tempfile
@@ -24,15 +23,17 @@ import matplotlib.pyplot as plt
 import numpy as np
 import onnx
 import onnxruntime
+from sklearn.compose import ColumnTransformer
 from sklearn.datasets import load_diabetes
 from sklearn.model_selection import train_test_split
 from sklearn.neural_network import MLPRegressor
 from sklearn.pipeline import Pipeline
-from sklearn.preprocessing import StandardScaler
+from sklearn.preprocessing import OneHotEncoder, StandardScaler
 
 from onnxgrad_sklearn import OrtGradientRegressor
 
 frame = load_diabetes(as_frame=True, scaled=False).frame
+frame["sex"] = np.where(frame["sex"] == 1, "F", "M")
 X = frame.drop(columns="target")
 y = (frame["target"] - frame["target"].mean()) / frame["target"].std()
 X_train, X_test, y_train, y_test = train_test_split(X, y, random_state=0)
@@ -40,7 +41,9 @@ print(X_train.head())
 
 # %%
 # Train the pipeline on the frame.
-template = Pipeline([("scale", StandardScaler()), ("mlp", MLPRegressor(hidden_layer_sizes=(32,)))])
+numeric = [c for c in X.columns if c != "sex"]
+head = ColumnTransformer([("num", StandardScaler(), numeric), ("sex", OneHotEncoder(), ["sex"])])
+template = Pipeline([("prep", head), ("mlp", MLPRegressor(hidden_layer_sizes=(32,)))])
 reg = OrtGradientRegressor(
     template,
     learning_rate_init=0.003,
@@ -55,12 +58,15 @@ print(f"{reg.n_iter_} epochs, test R2: {reg.score(X_test, y_test):.3f}")
 print("trained estimator:", reg.estimator_)
 
 # %%
-# Export, save, and run the file with onnxruntime alone.
+# Export, save, and run the file with onnxruntime alone: one input per column.
 path = Path(tempfile.mkdtemp()) / "diabetes_pipeline.onnx"
 onnx.save(reg.to_onnx(), path)
 session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 print("inputs:", [(i.name, i.type, i.shape) for i in session.get_inputs()])
-(onnx_pred,) = session.run(None, {"X": X_test.to_numpy(dtype=np.float32)})
+feeds = {
+    c: X_test[[c]].to_numpy(dtype=object if c == "sex" else np.float32) for c in X_test.columns
+}
+(onnx_pred,) = session.run(None, feeds)
 print("largest difference to predict:", np.max(np.abs(onnx_pred.ravel() - reg.predict(X_test))))
 
 # %%
