@@ -497,7 +497,17 @@ def _hinge(g: GraphBuilder, z: str, threshold: float) -> str:
     return g.mul(_mask(g, "LessOrEqual", z, t), g.sub(t, z))
 
 
-class Hinge(_MarginLoss):
+class _ThresholdMarginLoss(_MarginLoss):
+    """A margin loss with a ``threshold`` below which a sample is penalised."""
+
+    def __init__(self, threshold: float = 1.0):
+        self.threshold = threshold
+
+    def check_params(self):
+        _check_threshold(self)
+
+
+class Hinge(_ThresholdMarginLoss):
     """Hinge loss of linear SVMs: ``sum_k max(0, threshold - y_k * f_k)`` per sample.
 
     ``f_k`` is the decision value of column ``k`` and ``y_k = 2 * t_k - 1`` its
@@ -514,12 +524,6 @@ class Hinge(_MarginLoss):
     threshold : float, default=1.0
         Margin below which a sample is penalised.
     """
-
-    def __init__(self, threshold: float = 1.0):
-        self.threshold = threshold
-
-    def check_params(self):
-        _check_threshold(self)
 
     def _margin_loss(self, g, z):
         return _hinge(g, z, float(self.threshold))
@@ -538,7 +542,7 @@ class Perceptron(_MarginLoss):
         return _hinge(g, z, 0.0)
 
 
-class SquaredHinge(_MarginLoss):
+class SquaredHinge(_ThresholdMarginLoss):
     """Squared hinge: ``sum_k max(0, threshold - y_k * f_k) ** 2`` per sample.
 
     ``y_k = 2 * t_k - 1``; the gradient, ``-2 * y_k * (threshold - y_k * f_k)``
@@ -551,12 +555,6 @@ class SquaredHinge(_MarginLoss):
     threshold : float, default=1.0
         Margin below which a sample is penalised.
     """
-
-    def __init__(self, threshold: float = 1.0):
-        self.threshold = threshold
-
-    def check_params(self):
-        _check_threshold(self)
 
     def _margin_loss(self, g, z):
         q = g.relu(g.sub(g.const(float(self.threshold)), z))
