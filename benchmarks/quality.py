@@ -13,7 +13,14 @@ import warnings
 
 from sklearn.datasets import load_breast_cancer, load_diabetes, load_digits, load_iris, load_wine
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.linear_model import LinearRegression, LogisticRegression, Ridge
+from sklearn.linear_model import (
+    LinearRegression,
+    LogisticRegression,
+    Perceptron,
+    Ridge,
+    SGDClassifier,
+    SGDRegressor,
+)
 from sklearn.model_selection import KFold, StratifiedKFold, cross_val_score
 from sklearn.neural_network import MLPClassifier, MLPRegressor
 from sklearn.pipeline import make_pipeline
@@ -37,8 +44,8 @@ def datasets():
 
 
 TEMPLATES = {
-    "regression": [LinearRegression, Ridge, MLPRegressor],
-    "classification": [LogisticRegression, MLPClassifier],
+    "regression": [LinearRegression, Ridge, SGDRegressor, MLPRegressor],
+    "classification": [LogisticRegression, SGDClassifier, Perceptron, MLPClassifier],
 }
 
 

@@ -9,9 +9,9 @@ an imbalanced problem (10% positives) is fine-tuned by an
 the rare class now weighs as much as the common one in the loss, which moves the
 decision boundary towards the common class and raises the recall of the rare one.
 
-The template's ``C=1.0`` does not carry over by itself: ``alpha=1 / C`` reproduces
-it, and the linear template trains with full-batch L-BFGS by default, so the
-fine-tuned model reaches the coefficients of scikit-learn's own
+The template's penalty ``C=1.0`` carries over (``alpha="auto"`` makes it
+``alpha=1 / C``), and the linear template trains with full-batch L-BFGS by default,
+so the fine-tuned model reaches the coefficients of scikit-learn's own
 ``LogisticRegression(class_weight="balanced")``.
 """
 
@@ -31,7 +31,7 @@ X, y = make_blobs(
 X_train, X_test, y_train, y_test = train_test_split(X, y, stratify=y, random_state=0)
 
 original = LogisticRegression().fit(X_train, y_train)
-tuned = OrtGradientClassifier(original, class_weight="balanced", alpha=1.0).fit(X_train, y_train)
+tuned = OrtGradientClassifier(original, class_weight="balanced").fit(X_train, y_train)
 reference = LogisticRegression(class_weight="balanced").fit(X_train, y_train)
 
 # %%

@@ -54,8 +54,8 @@ class BaseOrtGradient(BaseEstimator):
         "learning_rate": [StrOptions({"constant", "invscaling", "adaptive"})],
         "learning_rate_init": [Interval(numbers.Real, 0, None, closed="neither")],
         "power_t": [Interval(numbers.Real, 0, None, closed="left")],
-        "alpha": [Interval(numbers.Real, 0, None, closed="left")],
-        "l1_ratio": [Interval(numbers.Real, 0, 1, closed="both")],
+        "alpha": [StrOptions({"auto"}), Interval(numbers.Real, 0, None, closed="left")],
+        "l1_ratio": [StrOptions({"auto"}), Interval(numbers.Real, 0, 1, closed="both")],
         "batch_size": [StrOptions({"auto"}), Interval(numbers.Integral, 1, None, closed="left")],
         "max_iter": [Interval(numbers.Integral, 1, None, closed="left")],
         "shuffle": ["boolean"],
@@ -89,8 +89,8 @@ class BaseOrtGradient(BaseEstimator):
         learning_rate="constant",
         learning_rate_init=0.001,
         power_t=0.5,
-        alpha=0.0001,
-        l1_ratio=0.0,
+        alpha="auto",
+        l1_ratio="auto",
         batch_size="auto",
         max_iter=200,
         shuffle=True,
@@ -296,6 +296,8 @@ class BaseOrtGradient(BaseEstimator):
             )
             if first_call:
                 self._initialize(X, y2d, fitted)
+            if first_call or not incremental or not hasattr(self, "_penalty"):
+                self._penalty = self._resolve_penalty(X.shape[0], optimizer.full_batch)
             self._loss_ = loss
             loss = self._resolve_loss(loss)
             full_batch = optimizer.full_batch  # the engine then only gives loss and gradients
@@ -410,7 +412,7 @@ class BaseOrtGradient(BaseEstimator):
         """The optimizer: the estimator's, or with ``"auto"`` the template family's solver."""
         if self.optimizer == "auto":
             # partial_fit always trains stochastically
-            return get_optimizer("adam" if incremental else family_of(final).solver)
+            return get_optimizer("adam" if incremental else family_of(final).solver_of(final))
         optimizer = get_optimizer(self.optimizer)
         if incremental and optimizer.full_batch:
             raise AttributeError(
@@ -419,13 +421,41 @@ class BaseOrtGradient(BaseEstimator):
             )
         return optimizer
 
+    def _resolve_penalty(self, n_samples, full_batch):
+        """``(alpha, l1_ratio)`` trained: the estimator's, or with ``"auto"`` the template's.
+
+        The template's penalty is converted for the rows of one batch (all rows at
+        full batch), so that the objective is the template's own (families.Family.penalty).
+        """
+        if self.alpha != "auto" and self.l1_ratio != "auto":
+            return float(self.alpha), float(self.l1_ratio)
+        rows = n_samples
+        if not full_batch:
+            if self.early_stopping:
+                n_samples -= int(np.ceil(self.validation_fraction * n_samples))
+            size = 200 if self.batch_size == "auto" else self.batch_size
+            rows = max(1, min(size, n_samples))
+        final = final_estimator(self._template())
+        alpha, l1_ratio = family_of(final).penalty(final, max(n_samples, 1), rows)
+        alpha = alpha if self.alpha == "auto" else float(self.alpha)
+        l1_ratio = l1_ratio if self.l1_ratio == "auto" else float(self.l1_ratio)
+        logger.info(
+            "penalty: alpha=%.6g, l1_ratio=%.6g (%s)",
+            alpha,
+            l1_ratio,
+            "the template's" if self.alpha == "auto" else "the estimator's",
+        )
+        return alpha, l1_ratio
+
     def _warn_dropped_settings(self, final, n_samples):
-        lines = dropped_settings(final, n_samples)
+        lines = dropped_settings(final, n_samples, penalty_carried=self.alpha == "auto")
         if lines:
             warnings.warn(
                 f"These settings of the template {type(final).__name__} do not carry over "
-                "(its structure, weights, loss and class weights do; the estimator's own "
-                "training parameters apply): " + "; ".join(lines) + ".",
+                "(its structure, weights, loss, class weights and, with alpha='auto', its "
+                "penalty do; the estimator's own training parameters apply): "
+                + "; ".join(lines)
+                + ".",
                 UserWarning,
                 stacklevel=5,
             )
@@ -483,9 +513,7 @@ class BaseOrtGradient(BaseEstimator):
         # cuts long values (an OnnxLoss's graph) in the middle.
         threads = intra_op_threads(self.n_jobs)
         self._intra_op_threads = threads  # of the training sessions (0: the runtime's default)
-        key = _fingerprint(
-            (loss, optimizer, self.alpha, self.l1_ratio, self.device, self.backend, threads)
-        )
+        key = _fingerprint((loss, optimizer, *self._penalty, self.device, self.backend, threads))
         engine = self.__dict__.get("_engine")
         conv = self._converted
         idx = self._trained_indices()
@@ -502,8 +530,8 @@ class BaseOrtGradient(BaseEstimator):
                 self.n_outputs_,
                 loss,
                 optimizer,
-                alpha=self.alpha,
-                l1_ratio=self.l1_ratio,
+                alpha=self._penalty[0],
+                l1_ratio=self._penalty[1],
                 device=self.device,
                 loss_input=self._loss_input,
                 backend=self.backend,
@@ -686,7 +714,7 @@ class BaseOrtGradient(BaseEstimator):
         from sklearn.utils.optimize import _check_optimize_result
 
         objective = _FullBatchObjective(
-            engine, X, y2d, sample_weight, self._penalized_mask(), self.alpha, self.l1_ratio
+            engine, X, y2d, sample_weight, self._penalized_mask(), *self._penalty
         )
         x0 = objective.pack(engine.get_weights())
         best = {"x": x0}

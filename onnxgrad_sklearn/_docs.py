@@ -65,8 +65,9 @@ or BaseLoss, default="auto"
 _COMMON = """
     optimizer : {{"auto", "sgd", "momentum", "nesterov", "adam", "lbfgs"}} or \
 BaseOptimizer, default="auto"
-        ``"auto"`` is the template family's solver: Adam for MLPs and the SGD
-        family, full-batch L-BFGS for the other linear models and GLMs (Adam
+        ``"auto"`` is the template family's solver: Adam for MLPs and the
+        perceptron, full-batch L-BFGS for the other linear models (the SGD
+        family included: the same objective, solved exactly) and GLMs (Adam
         in ``partial_fit``). The stochastic rules run as one ONNX graph per
         batch; ``"lbfgs"`` minimises the whole training set's loss with scipy,
         as {mlp}(solver="lbfgs"). See :mod:`onnxgrad_sklearn.optim`.
@@ -76,11 +77,18 @@ BaseOptimizer, default="auto"
         Initial learning rate.
     power_t : float, default=0.5
         Exponent of the ``"invscaling"`` schedule.
-    alpha : float, default=0.0001
-        Strength of the penalty on weight matrices (never on intercepts).
-    l1_ratio : float, default=0.0
-        Share of L1 in the penalty; 0 is {mlp}'s L2 term
-        ``0.5 * alpha * ||W||^2 / n_samples``.
+    alpha : float or "auto", default="auto"
+        Strength of the penalty on weight matrices (never on intercepts), added
+        to each batch's mean loss as ``alpha * ((1 - l1_ratio) / 2 * ||W||^2 +
+        l1_ratio * ||W||_1) / n_batch_samples`` ({mlp}'s L2 term at
+        ``l1_ratio=0``). ``"auto"``: the template's own penalty converted to
+        these terms (an MLP's ``alpha`` as it is; ``1 / C`` for
+        LogisticRegression and LinearSVC, SGD's ``alpha`` times the batch rows,
+        0 for LinearRegression; table in the user guide), so that the objective
+        is the template's: exactly at full batch (``optimizer="lbfgs"``), on
+        average over an epoch's batches otherwise.
+    l1_ratio : float or "auto", default="auto"
+        Share of L1 in the penalty; ``"auto"``: the template's own (0 for L2).
     batch_size : int or "auto", default="auto"
         Rows per batch; ``"auto"`` means ``min(200, n_samples)``.
     max_iter : int, default=200

@@ -11,8 +11,9 @@ scikit-learn model:
 * the template's own objective: its default loss (with the template's
   ``quantile``, ``epsilon``, ``power``, ``link``), its ``class_weight``, and
   whether it gives probabilities;
-* the default solver of ``optimizer="auto"`` (Adam for MLPs and the SGD
-  family, full-batch L-BFGS for the other linear models and GLMs);
+* the default solver of ``optimizer="auto"`` (Adam for MLPs and Perceptron,
+  full-batch L-BFGS for the other linear models and GLMs);
+* the template's own penalty in the estimators' terms (``alpha="auto"``);
 * which of the template's settings carry over, and for the others the
   estimator parameter that reproduces them (:func:`dropped_settings`);
 * export fix-ups (skl2onnx options).
@@ -88,15 +89,19 @@ class Family:
     task : {"regression", "classification"}
         What the model predicts.
     solver : {"adam", "lbfgs"}
-        What ``optimizer="auto"`` trains it with.
+        What ``optimizer="auto"`` trains it with in ``fit``.
     carried : set of str
         Template parameters that carry over (structure and objective).
+    penalty_settings : set of str
+        Template parameters that make its penalty: they carry over with
+        ``alpha="auto"`` (:meth:`penalty`).
     """
 
     kind = "base"
     task = "regression"
     solver = "lbfgs"
     carried: frozenset = frozenset({"fit_intercept"})
+    penalty_settings: frozenset = frozenset({"alpha", "l1_ratio", "C", "penalty"})
 
     # parameters ---------------------------------------------------------
     def params(self, est) -> list[ParamRef]:
@@ -142,6 +147,40 @@ class Family:
     def check(self, est) -> None:
         """Raise a ValueError when a setting of ``est`` cannot be trained."""
 
+    def penalty(self, est, n_samples: int, rows: int) -> tuple[float, float]:
+        """Return the template's own penalty as the estimators' ``(alpha, l1_ratio)``.
+
+        The estimators add ``alpha * ((1 - l1_ratio) / 2 * ||W||^2 + l1_ratio *
+        ||W||_1)`` divided by the batch's weight sum to the batch's mean loss, as
+        MLPRegressor. A template whose objective is ``mean loss + lam * P(w)`` over its
+        ``n_samples`` training rows is reproduced by ``alpha = lam * rows``, ``rows``
+        being the rows of one batch (``n_samples`` at full batch): exactly at full
+        batch, on average over an epoch's batches otherwise.
+
+        Parameters
+        ----------
+        est : estimator
+            The final model of the template.
+        n_samples : int
+            Training rows.
+        rows : int
+            Rows per batch (``n_samples`` for a full-batch solver).
+
+        Returns
+        -------
+        alpha, l1_ratio : float
+            ``(0.0, 0.0)`` for a template without penalty (the default).
+        """
+        return 0.0, 0.0
+
+    def solver_of(self, est) -> str:
+        """What ``optimizer="auto"`` trains ``est`` with in ``fit`` (default: :attr:`solver`)."""
+        return self.solver
+
+    def penalty_unknown(self, est) -> str | None:
+        """Why the template's penalty is not known before it is fitted, or None."""
+        return None
+
     # export ------------------------------------------------------------
     black_op = frozenset({"LinearRegressor", "LinearClassifier", "Scaler"})
 
@@ -186,6 +225,22 @@ _SAME_NAME = {
 }
 
 
+def _mean_form(lam, ratio, rows):
+    """(alpha, l1_ratio) of a template objective ``mean loss + lam * P(w)``."""
+    lam = float(np.mean(lam))  # Ridge takes one alpha per target: one penalty here
+    return (lam * rows, float(ratio)) if np.isfinite(lam) and lam > 0 else (0.0, 0.0)
+
+
+def _cv_unknown(est, attr="alpha_"):
+    if type(est).__name__.endswith(("CV", "IC")) and not hasattr(est, attr):
+        return (
+            f"the penalty {type(est).__name__} chooses by cross-validation is not known "
+            "before it is fitted: trained without penalty (set alpha= on the estimator, or "
+            "pass the fitted template)"
+        )
+    return None
+
+
 def _penalty_advice(alpha, l1_ratio=0.0, why=""):
     alpha = float(f"{alpha:.6g}")
     ratio = f", l1_ratio={l1_ratio!r}" if l1_ratio else ""
@@ -226,6 +281,25 @@ class _LinearFamily(Family):
 class _LeastSquares(_LinearFamily):
     """LinearRegression, Ridge, Lasso, ElasticNet and the other least-squares fits."""
 
+    def penalty(self, est, n_samples, rows):
+        cls = type(est).__name__
+        cv = cls.endswith(("CV", "IC"))
+        if cls.startswith("Ridge"):  # ||y - Xw||^2 + alpha ||w||^2, twice half the squares
+            alpha = getattr(est, "alpha_" if cv else "alpha", 0.0)
+            return _mean_form(np.asarray(alpha) / n_samples, 0.0, rows)
+        if cls.startswith(("Lasso", "ElasticNet")):  # mean of half squares + alpha * P(w)
+            alpha = getattr(est, "alpha_" if cv else "alpha", 0.0)
+            if cls.startswith("Lasso"):
+                ratio = 1.0
+            else:
+                ratio = getattr(est, "l1_ratio_" if cv else "l1_ratio", 0.5)
+            return _mean_form(alpha, ratio, rows)
+        return 0.0, 0.0  # LinearRegression, Lars, Bayesian fits: no fixed penalty
+
+    def penalty_unknown(self, est):
+        cls = type(est).__name__
+        return _cv_unknown(est) if cls.startswith(("Ridge", "Lasso", "ElasticNet")) else None
+
     def conversion(self, name, value, est, n_samples):
         cls = type(est).__name__
         if name == "alpha" and cls.startswith("Ridge"):
@@ -239,7 +313,6 @@ class _LeastSquares(_LinearFamily):
 
 
 class _SGDRegressor(_LinearFamily):
-    solver = "adam"
     carried = frozenset({"fit_intercept", "loss", "epsilon"})
 
     def loss(self, est):
@@ -264,6 +337,17 @@ class _SGDRegressor(_LinearFamily):
     def conversion(self, name, value, est, n_samples):
         return _sgd_conversion(name, value, est, n_samples)
 
+    def penalty(self, est, n_samples, rows):
+        return _sgd_penalty(est, rows)
+
+
+def _sgd_penalty(est, rows):
+    """SGD's objective: mean loss + alpha * R(w), R of ``penalty`` and ``l1_ratio``."""
+    if est.penalty is None:
+        return 0.0, 0.0
+    ratio = {"l2": 0.0, "l1": 1.0}.get(est.penalty, getattr(est, "l1_ratio", 0.15))
+    return _mean_form(est.alpha, ratio, rows)
+
 
 def _sgd_conversion(name, value, est, n_samples):
     if name in ("alpha", "penalty", "l1_ratio"):
@@ -286,6 +370,9 @@ class _HuberRegressor(_LinearFamily):
 
         return losses.Huber(epsilon=est.epsilon)
 
+    def penalty(self, est, n_samples, rows):  # sum of losses + alpha ||w||^2
+        return _mean_form(2 * est.alpha / n_samples, 0.0, rows)
+
     def conversion(self, name, value, est, n_samples):
         if name == "alpha":
             return _penalty_advice(2 * value, 0.0, "twice HuberRegressor's alpha")
@@ -300,12 +387,20 @@ class _QuantileRegressor(_LinearFamily):
 
         return losses.Quantile(quantile=est.quantile)
 
+    def penalty(self, est, n_samples, rows):  # mean pinball loss + alpha ||w||_1
+        return _mean_form(est.alpha, 1.0, rows)
+
     def conversion(self, name, value, est, n_samples):
         if name == "alpha":
             return _penalty_advice(
                 value * n_samples, 1.0, f"QuantileRegressor's alpha times n_samples={n_samples}"
             )
         return None
+
+
+def _c_penalty(C, n_samples, rows, ratio=0.0):
+    """C * sum of losses + P(w): mean loss + P(w) / (C n)."""
+    return _mean_form(1.0 / (np.asarray(C, dtype=float) * n_samples), ratio, rows)
 
 
 def _c_advice(est):
@@ -319,6 +414,9 @@ class _LinearSVR(_LinearFamily):
         from . import losses
 
         return losses.get_loss(est.loss).set_params(epsilon=est.epsilon)
+
+    def penalty(self, est, n_samples, rows):
+        return _c_penalty(est.C, n_samples, rows)
 
     def conversion(self, name, value, est, n_samples):
         if name == "C":
@@ -359,6 +457,9 @@ class _GLM(_LinearFamily):
             loss.set_params(power=est.power)
         return loss
 
+    def penalty(self, est, n_samples, rows):  # mean half deviance + alpha / 2 ||w||^2
+        return _mean_form(est.alpha, 0.0, rows)
+
     def conversion(self, name, value, est, n_samples):
         if name == "alpha":
             return _penalty_advice(
@@ -384,6 +485,24 @@ class _LogisticRegression(_LinearClassifier):
     def gives_proba(self, est):
         return True
 
+    def penalty(self, est, n_samples, rows):
+        cv = type(est).__name__.endswith("CV")
+        if cv and not hasattr(est, "C_"):
+            return 0.0, 0.0
+        penalty = getattr(est, "penalty", "deprecated")
+        if penalty is None or penalty == "none":
+            return 0.0, 0.0
+        if cv:
+            ratio = np.ravel(getattr(est, "l1_ratio_", [0.0]))[0]
+            ratio = 0.0 if ratio is None else ratio
+        else:
+            ratio = {"l2": 0.0, "l1": 1.0}.get(penalty, est.l1_ratio)
+        C = np.ravel(est.C_)[0] if cv else est.C
+        return _c_penalty(C, n_samples, rows, 0.0 if ratio is None else ratio)
+
+    def penalty_unknown(self, est):
+        return _cv_unknown(est, "C_")
+
     def conversion(self, name, value, est, n_samples):
         if name == "C":
             return _c_advice(est)
@@ -393,7 +512,6 @@ class _LogisticRegression(_LinearClassifier):
 
 
 class _SGDClassifier(_LinearClassifier):
-    solver = "adam"
     carried = frozenset({"fit_intercept", "class_weight", "loss", "epsilon"})
     _LOSSES = ("log_loss", "hinge", "modified_huber", "squared_hinge", "perceptron")
 
@@ -413,9 +531,20 @@ class _SGDClassifier(_LinearClassifier):
     def conversion(self, name, value, est, n_samples):
         return _sgd_conversion(name, value, est, n_samples)
 
+    def penalty(self, est, n_samples, rows):
+        return _sgd_penalty(est, rows)
+
+    def solver_of(self, est):
+        # The perceptron criterion is 0 at w = 0, its minimum: only the perceptron's
+        # stochastic updates (here Adam) make it move.
+        return "adam" if est.loss == "perceptron" else "lbfgs"
+
 
 class _Perceptron(_SGDClassifier):
     carried = frozenset({"fit_intercept", "class_weight"})
+
+    def solver_of(self, est):
+        return "adam"
 
     def check(self, est):
         pass
@@ -452,6 +581,9 @@ class _LinearSVC(_LinearClassifier):
     def fix_export(self, est, model):
         _keep_positive_scores(est, model)
 
+    def penalty(self, est, n_samples, rows):
+        return _c_penalty(est.C, n_samples, rows)
+
     def conversion(self, name, value, est, n_samples):
         if name == "C":
             return _c_advice(est) + "; liblinear also penalises the intercept, this does not"
@@ -472,6 +604,14 @@ class _RidgeClassifier(_LinearClassifier):
 
     def fix_export(self, est, model):
         _keep_positive_scores(est, model)
+
+    def penalty(self, est, n_samples, rows):
+        cv = type(est).__name__.endswith("CV")
+        alpha = getattr(est, "alpha_" if cv else "alpha", 0.0)
+        return _mean_form(np.asarray(alpha) / n_samples, 0.0, rows)
+
+    def penalty_unknown(self, est):
+        return _cv_unknown(est)
 
     def conversion(self, name, value, est, n_samples):
         if name == "alpha":
@@ -567,6 +707,9 @@ class _MLPFamily(Family):
         est._best_intercepts = [i.copy() for i in est.intercepts_]
         if not is_classifier(est):
             est.out_activation_ = "identity"
+
+    def penalty(self, est, n_samples, rows):
+        return float(est.alpha), 0.0  # the same term, per batch, as here
 
     def conversion(self, name, value, est, n_samples):
         if name == "alpha":
@@ -752,7 +895,7 @@ def supported_names(task: str | None = None) -> list[str]:
     )
 
 
-def dropped_settings(est, n_samples: int) -> list[str]:
+def dropped_settings(est, n_samples: int, penalty_carried: bool = False) -> list[str]:
     """Describe each setting of ``est`` that differs from its default and does not carry over.
 
     Parameters
@@ -761,6 +904,9 @@ def dropped_settings(est, n_samples: int) -> list[str]:
         The final model of the template.
     n_samples : int
         Rows of the training data (some conversions depend on it).
+    penalty_carried : bool, default=False
+        Whether the template's penalty carries over (``alpha="auto"``): its
+        settings are then not named, unless it is unknown (an unfitted CV model).
 
     Returns
     -------
@@ -776,8 +922,13 @@ def dropped_settings(est, n_samples: int) -> list[str]:
     except Exception:  # a class whose defaults cannot be built: nothing to compare
         return []
     lines = []
+    unknown = family.penalty_unknown(est) if penalty_carried else None
+    if unknown:
+        lines.append(unknown)
     for name, value in est.get_params(deep=False).items():
         if name in family.carried or name in _NEUTRAL or name not in defaults:
+            continue
+        if penalty_carried and name in family.penalty_settings:
             continue
         default = defaults[name]
         try:
