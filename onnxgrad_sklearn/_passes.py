@@ -22,16 +22,21 @@ __all__ = [
     "MAX_OPSET",
     "constant_input",
     "differentiated_nodes",
+    "drop_identities",
     "fix_dimension",
+    "merge_duplicate_nodes",
     "merge_update",
     "op_types",
     "pin_versions",
     "prune",
     "rewrite_batch_sums",
+    "rewrite_broadcast_expands",
     "rewrite_leading_sums",
     "rewrite_noop_expands",
+    "rewrite_reshape_chains",
     "rewrite_relu_grad",
     "rewrite_sigmoid_adjoints",
+    "rewrite_unit_reductions",
     "rewrite_unit_transposes",
     "static_shapes",
 ]
@@ -345,12 +350,77 @@ def _attributes(node: onnx.NodeProto) -> dict:
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
 
+def _reduced_axes(node: onnx.NodeProto, constants: dict, rank: int) -> list[int] | None:
+    """The sorted, non-negative axes a ``Reduce*`` node reduces (None: not known statically).
+
+    Axes come from the second input (a constant initializer, opset 13 and later
+    for ``ReduceSum``) or the ``axes`` attribute; no axes means every axis, or
+    none with ``noop_with_empty_axes=1``.
+    """
+    att = _attributes(node)
+    if len(node.input) > 1 and node.input[1]:
+        if node.input[1] not in constants:
+            return None
+        axes = onnx.numpy_helper.to_array(constants[node.input[1]]).ravel().tolist()
+    else:
+        axes = list(att.get("axes", []))
+    if not axes:
+        return [] if att.get("noop_with_empty_axes", 0) else list(range(rank))
+    normalized = sorted({int(a) + rank if int(a) < 0 else int(a) for a in axes})
+    if any(a < 0 or a >= rank for a in normalized):
+        return None
+    return normalized
+
+
+def rewrite_unit_reductions(model: onnx.ModelProto, shapes: dict | None = None) -> int:
+    """Replace each ``ReduceSum`` over axes of size 1 only by ``Identity`` or ``Squeeze``, in place.
+
+    onnx-ad sums every adjoint over the axes a forward operand was broadcast
+    along, and along its seed axis: on ``(batch, 1, 1)`` tensors these sums run
+    over an axis of size 1 and return their input, yet onnxruntime 1.19 spends
+    about 25 us on each (a few per layer). A sum of one term is that term:
+    ``keepdims=1`` gives an ``Identity``, ``keepdims=0`` a ``Squeeze`` of those
+    axes. Returns the number of nodes replaced.
+    """
+    shapes = static_shapes(model) if shapes is None else shapes
+    constants = {i.name: i for i in model.graph.initializer}
+    rewritten, extra, count = [], [], 0
+    for node in model.graph.node:
+        shape = shapes.get(node.input[0]) if node.op_type == "ReduceSum" else None
+        axes = None
+        if shape is not None and node.domain in ("", "ai.onnx"):
+            axes = _reduced_axes(node, constants, len(shape))
+        if axes is None or any(shape[a] != 1 for a in axes):
+            rewritten.append(node)
+            continue
+        count += 1
+        base = f"UnitReduction/{node.output[0]}"
+        if not axes or _attributes(node).get("keepdims", 1):
+            rewritten.append(
+                onnx.helper.make_node("Identity", [node.input[0]], list(node.output), name=base)
+            )
+            continue
+        extra.append(onnx.numpy_helper.from_array(np.array(axes, np.int64), base + "_axes"))
+        rewritten.append(
+            onnx.helper.make_node(
+                "Squeeze", [node.input[0], base + "_axes"], list(node.output), name=base
+            )
+        )
+    if count:
+        del model.graph.node[:]
+        model.graph.node.extend(rewritten)
+        model.graph.initializer.extend(extra)
+    return count
+
+
 def rewrite_leading_sums(model: onnx.ModelProto, shapes: dict | None = None) -> int:
     """Replace each ``ReduceSum`` over the first axis of a static tensor by a ``MatMul``, in place.
 
-    ``ReduceSum(x, axes=[0])`` with ``x`` of static shape ``(n, *rest)``, ``n > 1``
-    and ``rest`` not empty (onnx-ad's bias gradients: ``(batch, width, 1)``) becomes
-    ``Reshape(MatMul(ones(1, n), Reshape(x, (n, -1))), (1, *rest))``: same values,
+    ``ReduceSum(x)`` over axis 0 (and possibly over axes of size 1 besides) with
+    ``x`` of static shape ``(n, *rest)``, ``n > 1`` and ``rest`` not empty
+    (onnx-ad's bias gradients: ``(batch, width, 1)`` over axis 0, and
+    ``(batch, 1, 1)`` over axes 0 and 1 for a layer of one unit) becomes
+    ``Reshape(MatMul(ones(1, n), Reshape(x, (n, -1))), out_shape)``: same values,
     and onnxruntime's matrix product is several times faster than its reduction
     over the first axis. Returns the number of nodes replaced.
     """
@@ -360,22 +430,19 @@ def rewrite_leading_sums(model: onnx.ModelProto, shapes: dict | None = None) -> 
     extra = []
     types = None  # element types, inferred at the first rewrite
     for node in model.graph.node:
-        shape = shapes.get(node.input[0]) if node.input else None
+        shape = shapes.get(node.input[0]) if node.op_type == "ReduceSum" else None
         axes = None
-        if node.op_type == "ReduceSum" and len(node.input) > 1 and node.input[1] in constants:
-            axes = onnx.numpy_helper.to_array(constants[node.input[1]]).ravel().tolist()
-        att = _attributes(node) if node.op_type == "ReduceSum" else {}
         if (
-            axes not in ([0],)
-            or node.domain not in ("", "ai.onnx")
-            or shape is None
-            or len(shape) < 2
-            or not all(isinstance(d, int) for d in shape)
-            or shape[0] < 2
-            or att.get("noop_with_empty_axes", 0) not in (0, 1)
+            shape is not None
+            and node.domain in ("", "ai.onnx")
+            and len(shape) >= 2
+            and all(isinstance(d, int) for d in shape)
         ):
+            axes = _reduced_axes(node, constants, len(shape))
+        if axes is None or [a for a in axes if shape[a] != 1] != [0] or shape[0] < 2:
             rewritten.append(node)
             continue
+        att = _attributes(node)
         if types is None:
             types = static_types(model)
         elem_type = types.get(node.input[0], TensorProto.FLOAT)
@@ -391,18 +458,27 @@ def rewrite_leading_sums(model: onnx.ModelProto, shapes: dict | None = None) -> 
             extra.append(onnx.numpy_helper.from_array(np.ones((1, n), dtype), ones[key]))
         base = f"LeadingSum/{node.output[0]}"
         flat_shape, out_shape = base + "_flat_shape", base + "_shape"
-        kept_dims = [1, *rest] if att.get("keepdims", 1) else rest
-        extra.append(
-            onnx.numpy_helper.from_array(np.array([n, math.prod(rest)], np.int64), flat_shape)
+        kept_dims = (
+            [1, *rest]
+            if att.get("keepdims", 1)
+            else [d for i, d in enumerate(shape) if i not in axes]
         )
-        extra.append(onnx.numpy_helper.from_array(np.array(kept_dims, np.int64), out_shape))
-        rewritten.extend(
-            [
-                onnx.helper.make_node("Reshape", [node.input[0], flat_shape], [base + "_2d"]),
-                onnx.helper.make_node("MatMul", [ones[key], base + "_2d"], [base + "_sum"]),
-                onnx.helper.make_node("Reshape", [base + "_sum", out_shape], list(node.output)),
-            ]
-        )
+        flat = [n, math.prod(rest)]
+        operand, total = node.input[0], base + "_sum"
+        if list(shape) != flat:  # no reshape where the tensor is a matrix already
+            operand = base + "_2d"
+            extra.append(onnx.numpy_helper.from_array(np.array(flat, np.int64), flat_shape))
+            rewritten.append(
+                onnx.helper.make_node("Reshape", [node.input[0], flat_shape], [operand])
+            )
+        if kept_dims == [1, flat[1]]:
+            total = node.output[0]
+        rewritten.append(onnx.helper.make_node("MatMul", [ones[key], operand], [total]))
+        if total != node.output[0]:
+            extra.append(onnx.numpy_helper.from_array(np.array(kept_dims, np.int64), out_shape))
+            rewritten.append(
+                onnx.helper.make_node("Reshape", [total, out_shape], list(node.output))
+            )
     if count:
         del model.graph.node[:]
         model.graph.node.extend(rewritten)
@@ -464,6 +540,209 @@ def rewrite_noop_expands(model: onnx.ModelProto, shapes: dict | None = None) -> 
             del node.input[1:]
             node.op_type = "Identity"
             count += 1
+    return count
+
+
+def _rename_inputs(graph: onnx.GraphProto, renamed: dict) -> None:
+    """Make every node of ``graph`` (subgraphs included) read ``renamed[name]`` for ``name``."""
+    for node in graph.node:
+        node.input[:] = [renamed.get(name, name) for name in node.input]
+        for attr in node.attribute:
+            for sub in [attr.g, *attr.graphs]:
+                _rename_inputs(sub, renamed)
+
+
+def _resolve(renamed: dict, name: str) -> str:
+    while name in renamed:
+        name = renamed[name]
+    return name
+
+
+def drop_identities(model: onnx.ModelProto) -> int:
+    """Remove each ``Identity`` node whose output is not a graph output, in place.
+
+    Its readers read its input instead. onnxruntime removes most of them itself;
+    removing them here lets the other passes see through them (a ``Reshape`` of
+    a ``Reshape``, nodes that compute the same thing). Returns the number removed.
+    """
+    graph = model.graph
+    outputs = {o.name for o in graph.output}
+    renamed, kept = {}, []
+    for node in graph.node:
+        if (
+            node.op_type == "Identity"
+            and node.domain in ("", "ai.onnx")
+            and len(node.input) == 1
+            and node.output[0] not in outputs
+        ):
+            renamed[node.output[0]] = _resolve(renamed, node.input[0])
+        else:
+            kept.append(node)
+    if renamed:
+        renamed = {k: _resolve(renamed, k) for k in renamed}
+        del graph.node[:]
+        graph.node.extend(kept)
+        _rename_inputs(graph, renamed)
+    return len(renamed)
+
+
+#: Operators whose outputs differ from one call to the next: never merged.
+_NONDETERMINISTIC = {
+    "Bernoulli",
+    "Dropout",
+    "Multinomial",
+    "RandomNormal",
+    "RandomNormalLike",
+    "RandomUniform",
+    "RandomUniformLike",
+}
+
+
+def merge_duplicate_nodes(model: onnx.ModelProto) -> int:
+    """Remove each node that repeats an earlier one (same operator, inputs, attributes), in place.
+
+    onnx-ad differentiates ``W * W`` (the L2 penalty) and ``d * d`` (the squared
+    error) once per operand: two equal products, and their sums, each computed
+    twice. The readers of a repeated node read the first one's outputs instead
+    (the values are the same bits); a repeated node that writes a graph output
+    becomes an ``Identity``. Nodes with subgraphs and random operators are kept.
+    Returns the number of nodes merged.
+    """
+    graph = model.graph
+    outputs = {o.name for o in graph.output}
+    seen, renamed, kept, count = {}, {}, [], 0
+    for node in graph.node:
+        node.input[:] = [renamed.get(name, name) for name in node.input]
+        if (
+            node.op_type in _NONDETERMINISTIC
+            or not node.output
+            or any(
+                a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                for a in node.attribute
+            )
+        ):
+            kept.append(node)
+            continue
+        attributes = tuple(
+            sorted((a.name, a.SerializeToString(deterministic=True)) for a in node.attribute)
+        )
+        key = (
+            node.domain or "ai.onnx",
+            node.op_type,
+            tuple(node.input),
+            attributes,
+            tuple(bool(o) for o in node.output),
+        )
+        first = seen.get(key)
+        if first is None:
+            seen[key] = node
+            kept.append(node)
+            continue
+        count += 1
+        for mine, theirs in zip(node.output, first.output):
+            if not mine:
+                continue
+            if mine in outputs:
+                kept.append(onnx.helper.make_node("Identity", [theirs], [mine]))
+            else:
+                renamed[mine] = theirs
+    if count:
+        del graph.node[:]
+        graph.node.extend(kept)
+        _rename_inputs(graph, renamed)  # readers inside subgraphs
+    return count
+
+
+def _broadcast(*shapes) -> list | None:
+    """Numpy's broadcast of static shapes (None when one is unknown or they do not broadcast)."""
+    if any(s is None or not all(isinstance(d, int) for d in s) for s in shapes):
+        return None
+    try:
+        return list(np.broadcast_shapes(*(tuple(s) for s in shapes)))
+    except ValueError:
+        return None
+
+
+def rewrite_broadcast_expands(model: onnx.ModelProto, shapes: dict | None = None) -> int:
+    """Let element-wise operators broadcast what an ``Expand`` feeding them would repeat, in place.
+
+    onnx-ad fills the adjoint of a sum with ``Expand(seed, shape)`` before
+    multiplying it with a tensor of that shape (the L2 penalty's gradient):
+    ``Mul(Expand(c, s), W)`` is ``Mul(c, W)`` when ``W`` has shape ``s`` already,
+    without writing the repeated values first. Applied to ``Add``, ``Sub``,
+    ``Mul`` and ``Div`` reading the ``Expand`` when the other operand keeps the
+    result's shape; the ``Expand`` goes when nothing else reads it (:func:`prune`).
+    Returns the number of operands replaced.
+    """
+    shapes = static_shapes(model) if shapes is None else shapes
+    expands = {
+        n.output[0]: n.input[0]
+        for n in model.graph.node
+        if n.op_type == "Expand" and n.domain in ("", "ai.onnx")
+    }
+    count = 0
+    for node in model.graph.node:
+        if (
+            node.op_type not in ("Add", "Sub", "Mul", "Div")
+            or node.domain not in ("", "ai.onnx")
+            or len(node.input) != 2
+        ):
+            continue
+        for k in range(2):
+            mine, other = node.input[k], node.input[1 - k]
+            if mine not in expands or mine == other:
+                continue
+            source = expands[mine]
+            out = _broadcast(shapes.get(mine), shapes.get(other))
+            if out is None or _broadcast(shapes.get(source), shapes.get(other)) != out:
+                continue
+            node.input[k] = source
+            count += 1
+    return count
+
+
+#: Operators that only give their input another shape (no copy in onnxruntime).
+_VIEWS = ("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
+
+
+def rewrite_reshape_chains(model: onnx.ModelProto, shapes: dict | None = None) -> int:
+    """Shorten the reshapes of reshapes and drop the reshapes that keep the shape, in place.
+
+    ``Reshape(v, s)`` where ``v`` is itself a ``Reshape``, ``Squeeze``,
+    ``Unsqueeze``, ``Flatten`` or ``Identity`` of ``x`` reads ``x`` (when ``s``
+    is a constant without zeros: no size copied from ``v``), and a ``Reshape``
+    to the static shape its input already has becomes an ``Identity``. The same
+    values, fewer kernel calls (the passes' seed-axis reshapes meet the update
+    rule's flattening). Returns the number of nodes changed.
+    """
+    shapes = static_shapes(model) if shapes is None else shapes
+    constants = {i.name: i for i in model.graph.initializer}
+    producer = {}
+    count = 0
+    for node in model.graph.node:
+        if (
+            node.op_type == "Reshape"
+            and node.domain in ("", "ai.onnx")
+            and len(node.input) == 2
+            and node.input[1] in constants
+        ):
+            target = onnx.numpy_helper.to_array(constants[node.input[1]]).ravel().tolist()
+            before = producer.get(node.input[0])
+            if 0 not in target and before is not None:
+                node.input[0] = before.input[0]
+                count += 1
+            shape = shapes.get(node.input[0])
+            if (
+                shape is not None
+                and all(isinstance(d, int) for d in shape)
+                and shapes.get(node.output[0]) == shape
+            ):
+                del node.input[1:]
+                node.op_type = "Identity"
+                del node.attribute[:]
+                count += 1
+        if node.op_type in _VIEWS and node.domain in ("", "ai.onnx") and node.input:
+            producer[node.output[0]] = node
     return count
 
 

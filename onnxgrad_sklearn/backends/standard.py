@@ -28,13 +28,18 @@ from .._graph import model_dtype
 from .._passes import (
     constant_input,
     differentiated_nodes,
+    drop_identities,
     fix_dimension,
+    merge_duplicate_nodes,
     merge_update,
     pin_versions,
     prune,
+    rewrite_broadcast_expands,
     rewrite_leading_sums,
     rewrite_noop_expands,
+    rewrite_reshape_chains,
     rewrite_sigmoid_adjoints,
+    rewrite_unit_reductions,
     rewrite_unit_transposes,
     static_shapes,
 )
@@ -132,11 +137,28 @@ def unsupported_ops(training: onnx.ModelProto, weight_names) -> list[str]:
 
 
 def _simplify(model: onnx.ModelProto) -> None:
+    """The passes on a gradient or step graph, in place.
+
+    The shapes are inferred once for the rewrites that read the forward and
+    onnx-ad's tensors (their names are kept), once more for those that read the
+    tensors the first ones made.
+    """
     prune(model)
     shapes = static_shapes(model)
-    rewrite_unit_transposes(model, shapes)
-    rewrite_noop_expands(model, shapes)
-    rewrite_leading_sums(model)
+    counts = {
+        "unit transposes": rewrite_unit_transposes(model, shapes),
+        "no-op expands": rewrite_noop_expands(model, shapes),
+        "broadcast expands": rewrite_broadcast_expands(model, shapes),
+        "unit reductions": rewrite_unit_reductions(model, shapes),
+        "identities": drop_identities(model),
+        "duplicates": merge_duplicate_nodes(model),
+    }
+    shapes = static_shapes(model)
+    counts["leading sums"] = rewrite_leading_sums(model, shapes)
+    counts["reshape chains"] = rewrite_reshape_chains(model, shapes)
+    counts["identities"] += drop_identities(model)
+    counts["pruned"] = prune(model)
+    logger.debug("standard backend passes: %s", counts)
     for i, node in enumerate(model.graph.node):
         if not node.name:
             node.name = f"N{i}"

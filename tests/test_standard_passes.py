@@ -1,0 +1,376 @@
+"""The standard backend's graph passes: what they rewrite, and that the values stay the same.
+
+onnx-ad's gradient graph sums the bias adjoints over the batch axis, sums every
+``(batch, 1, 1)`` adjoint over axes of size 1, fills penalty adjoints with
+``Expand`` and computes ``W * W``'s adjoint twice: the passes of
+:mod:`onnxgrad_sklearn._passes` turn the batch sums into products with a row of
+ones and remove the rest. The gradients of the rewritten graph are those of
+onnx-ad's graph as it comes (within float32 rounding of a sum in another order).
+"""
+
+import warnings
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+from onnx import TensorProto, helper
+from sklearn.neural_network import MLPClassifier, MLPRegressor
+
+from onnxgrad_sklearn import OrtGradientClassifier, OrtGradientRegressor, _passes
+from onnxgrad_sklearn.backends import standard
+from onnxgrad_sklearn.optim import SGD, Adam
+
+pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+
+BATCHES = (1, 7, 64)
+
+
+def _backend(estimator, n_features=5, n=64, seed=0):
+    """The standard backend of ``estimator`` fitted one epoch on random data."""
+    rng = np.random.RandomState(seed)
+    X = rng.randn(n, n_features).astype(np.float32)
+    if isinstance(estimator, OrtGradientClassifier):
+        y = (X[:, 0] + X[:, 1] > 0).astype(np.int64) + (X[:, 2] > 1)
+    else:
+        y = (X[:, 0] - 2 * X[:, 1] + 0.1 * rng.randn(n)).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        estimator.fit(X, y)
+    return estimator._engine._backend
+
+
+def _regressor(activation="relu", hidden=(16, 8), optimizer="sgd"):
+    return OrtGradientRegressor(
+        MLPRegressor(hidden_layer_sizes=hidden, activation=activation),
+        backend="standard",
+        optimizer=optimizer,
+        batch_size=16,
+        max_iter=1,
+        random_state=0,
+    )
+
+
+def _batch(backend, batch, seed=1):
+    rng = np.random.RandomState(seed)
+    n_features = backend.shapes[0][0]
+    X = rng.randn(batch, n_features).astype(np.float32)
+    y = rng.randn(batch, 1).astype(np.float32)
+    sw = rng.uniform(0.5, 2.0, batch).astype(np.float32)
+    return X, y, sw
+
+
+def _reductions(model):
+    """``(input shape, reduced axes)`` of each ``ReduceSum`` of ``model``."""
+    shapes = _passes.static_shapes(model)
+    constants = {i.name: i for i in model.graph.initializer}
+    found = []
+    for node in model.graph.node:
+        if node.op_type == "ReduceSum":
+            shape = shapes[node.input[0]]
+            found.append((shape, _passes._reduced_axes(node, constants, len(shape))))
+    return found
+
+
+def _names_only(model):
+    """The passes the comparisons are made against: none (the nodes only get names)."""
+    for i, node in enumerate(model.graph.node):
+        if not node.name:
+            node.name = f"N{i}"
+
+
+# --- the rewrites happen ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("batch", [7, 64, 256])
+def test_no_batch_sum_or_unit_sum_left_in_the_mlp_step_graph(batch, optimizer):
+    backend = _backend(_regressor(hidden=(16, 8, 1), optimizer=optimizer))
+    model, _ = standard.step_graph(
+        backend.training_model,
+        backend.weight_names,
+        backend.shapes,
+        backend.optimizer,
+        batch,
+        1,
+    )
+    reductions = _reductions(model)
+    for shape, axes in reductions:
+        assert axes is not None
+        # over the batch axis of a matrix or more: a MatMul with a row of ones now
+        assert not (len(shape) >= 2 and shape[0] == batch and 0 in axes), (shape, axes)
+        # over axes of size 1 only: an Identity or a Squeeze, then nothing
+        assert any(shape[a] != 1 for a in axes), (shape, axes)
+    # the bias gradients (one per layer, the 1-unit layers included) are products now
+    ones = {i.name for i in model.graph.initializer if i.name.startswith("LeadingSum/ones_")}
+    products = [n for n in model.graph.node if n.op_type == "MatMul" and n.input[0] in ones]
+    assert len(products) >= len(backend.shapes) // 2
+    assert "Expand" not in _passes.op_types(model.graph.node)
+
+
+def test_the_passes_remove_nodes_from_the_step_graph(monkeypatch):
+    backend = _backend(_regressor())
+
+    def graph():
+        return standard.step_graph(
+            backend.training_model, backend.weight_names, backend.shapes, backend.optimizer, 32, 1
+        )[0]
+
+    rewritten = graph()
+    monkeypatch.setattr(standard, "_simplify", _names_only)
+    plain = graph()
+    assert len(rewritten.graph.node) < 0.8 * len(plain.graph.node)
+    counts = {}
+    for node in plain.graph.node:
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    assert counts.get("ReduceSum", 0) > sum(n.op_type == "ReduceSum" for n in rewritten.graph.node)
+
+
+# --- same gradients ----------------------------------------------------------------
+
+
+def _gradients(estimator_factory, batch, monkeypatch, rewrite):
+    with monkeypatch.context() as patch:
+        if not rewrite:
+            patch.setattr(standard, "_simplify", _names_only)
+        backend = _backend(estimator_factory())
+        return backend.loss_and_gradients(*_batch(backend, batch))
+
+
+def _assert_close(got, ref, rel=1e-6):
+    assert got.shape == ref.shape
+    scale = max(np.abs(ref).max(), 1e-30)
+    assert np.abs(got.astype(np.float64) - ref).max() <= rel * scale, (
+        np.abs(got - ref).max() / scale
+    )
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("activation", ["relu", "tanh", "logistic"])
+def test_rewritten_gradients_equal_onnx_ad_ones(batch, activation, monkeypatch):
+    def factory():
+        return _regressor(activation=activation)
+
+    loss, grads = _gradients(factory, batch, monkeypatch, rewrite=True)
+    ref_loss, ref_grads = _gradients(factory, batch, monkeypatch, rewrite=False)
+    assert loss == pytest.approx(ref_loss, rel=1e-6)
+    assert len(grads) == len(ref_grads)
+    for got, ref in zip(grads, ref_grads):
+        _assert_close(got, ref)
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+def test_rewritten_classifier_gradients_equal_onnx_ad_ones(batch, monkeypatch):
+    def factory():
+        return OrtGradientClassifier(
+            MLPClassifier(hidden_layer_sizes=(12,)),
+            backend="standard",
+            batch_size=16,
+            max_iter=1,
+            random_state=0,
+        )
+
+    loss, grads = _gradients(factory, batch, monkeypatch, rewrite=True)
+    ref_loss, ref_grads = _gradients(factory, batch, monkeypatch, rewrite=False)
+    assert loss == pytest.approx(ref_loss, rel=1e-6)
+    for got, ref in zip(grads, ref_grads):
+        _assert_close(got, ref)
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("optimizer", [SGD(), Adam()], ids=["sgd", "adam"])
+def test_rewritten_step_gives_the_same_update(batch, optimizer, monkeypatch):
+    """The fused step (update merged in) of both graphs: the same new weights."""
+
+    def step(rewrite):
+        with monkeypatch.context() as patch:
+            if not rewrite:
+                patch.setattr(standard, "_simplify", _names_only)
+            estimator = _regressor(hidden=(16, 1, 4))
+            backend = _backend(estimator)
+            fresh = standard.StandardBackend(
+                training=estimator._engine.training,
+                model=None,
+                output_name=None,
+                weight_names=backend.weight_names,
+                start=backend.get_weights(),
+                optimizer=optimizer,
+            )
+            loss = fresh.train_batch(*_batch(fresh, batch), 0.01)
+            return loss, fresh.get_weights()
+
+    loss, weights = step(True)
+    ref_loss, ref_weights = step(False)
+    assert loss == pytest.approx(ref_loss, rel=1e-6)
+    for got, ref in zip(weights, ref_weights):
+        _assert_close(got, ref)
+
+
+# --- the passes one by one, on small graphs --------------------------------------
+
+
+def _run(model, feeds):
+    session = onnxruntime.InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    return session.run(None, feeds)
+
+
+def _model(nodes, inputs, outputs, initializers=()):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _copy(model):
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    return copy
+
+
+def _info(name, shape):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def _const(name, values):
+    return onnx.numpy_helper.from_array(np.array(values, np.int64), name)
+
+
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_unit_reductions_become_identities_or_squeezes(keepdims):
+    out_shape = [6, 1, 4] if keepdims else [6, 4]
+    model = _model(
+        [helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=keepdims)],
+        [_info("x", [6, 1, 4])],
+        [_info("y", out_shape)],
+        [_const("axes", [-2])],
+    )
+    x = np.random.RandomState(0).randn(6, 1, 4).astype(np.float32)
+    expected = _run(model, {"x": x})[0]
+    rewritten = _copy(model)
+    assert _passes.rewrite_unit_reductions(rewritten) == 1
+    assert _passes.op_types(rewritten.graph.node) == (["Identity"] if keepdims else ["Squeeze"])
+    np.testing.assert_array_equal(_run(rewritten, {"x": x})[0], expected)
+
+
+def test_sums_over_the_batch_and_unit_axes_become_products():
+    model = _model(
+        [helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=1)],
+        [_info("x", [9, 1, 1])],
+        [_info("y", [1, 1, 1])],
+        [_const("axes", [0, 1])],
+    )
+    x = np.random.RandomState(0).randn(9, 1, 1).astype(np.float32)
+    expected = _run(model, {"x": x})[0]
+    rewritten = _copy(model)
+    assert _passes.rewrite_leading_sums(rewritten) == 1
+    assert "ReduceSum" not in _passes.op_types(rewritten.graph.node)
+    np.testing.assert_allclose(_run(rewritten, {"x": x})[0], expected, rtol=1e-6)
+
+
+def test_duplicate_nodes_are_merged_and_graph_outputs_kept():
+    model = _model(
+        [
+            helper.make_node("Mul", ["x", "x"], ["a"]),
+            helper.make_node("Mul", ["x", "x"], ["b"]),
+            helper.make_node("Add", ["a", "b"], ["c"]),
+            helper.make_node("Mul", ["x", "x"], ["d"]),
+        ],
+        [_info("x", [3])],
+        [_info("c", [3]), _info("d", [3])],
+    )
+    x = np.array([1.0, -2.0, 3.5], np.float32)
+    expected = _run(model, {"x": x})
+    rewritten = _copy(model)
+    assert _passes.merge_duplicate_nodes(rewritten) == 2
+    assert [n.op_type for n in rewritten.graph.node] == ["Mul", "Add", "Identity"]
+    for got, ref in zip(_run(rewritten, {"x": x}), expected):
+        np.testing.assert_array_equal(got, ref)
+
+
+def test_random_nodes_are_not_merged():
+    model = _model(
+        [
+            helper.make_node("RandomNormalLike", ["x"], ["a"]),
+            helper.make_node("RandomNormalLike", ["x"], ["b"]),
+            helper.make_node("Sub", ["a", "b"], ["c"]),
+        ],
+        [_info("x", [3])],
+        [_info("c", [3])],
+    )
+    assert _passes.merge_duplicate_nodes(model) == 0
+
+
+def test_expands_feeding_element_wise_operators_are_broadcast():
+    model = _model(
+        [
+            helper.make_node("Expand", ["s", "shape"], ["e"]),
+            helper.make_node("Mul", ["e", "w"], ["y"]),
+            helper.make_node("Sub", ["v", "e"], ["z"]),  # v broadcasts: e is needed
+        ],
+        [_info("s", [1, 1]), _info("w", [4, 3]), _info("v", [1, 3])],
+        [_info("y", [4, 3]), _info("z", [4, 3])],
+        [_const("shape", [4, 3])],
+    )
+    rng = np.random.RandomState(0)
+    feeds = {
+        "s": rng.randn(1, 1).astype(np.float32),
+        "w": rng.randn(4, 3).astype(np.float32),
+        "v": rng.randn(1, 3).astype(np.float32),
+    }
+    expected = _run(model, feeds)
+    rewritten = _copy(model)
+    assert _passes.rewrite_broadcast_expands(rewritten) == 1
+    assert list(rewritten.graph.node[1].input) == ["s", "w"]
+    assert list(rewritten.graph.node[2].input) == ["v", "e"]
+    for got, ref in zip(_run(rewritten, feeds), expected):
+        np.testing.assert_array_equal(got, ref)
+
+
+def test_reshape_chains_are_shortened():
+    model = _model(
+        [
+            helper.make_node("Unsqueeze", ["x", "last"], ["a"]),
+            helper.make_node("Reshape", ["a", "s1"], ["b"]),
+            helper.make_node("Reshape", ["b", "flat"], ["c"]),
+            helper.make_node("Reshape", ["b", "zero"], ["d"]),  # 0 copies a size of b: kept
+            helper.make_node("Reshape", ["x", "same"], ["e"]),
+        ],
+        [_info("x", [2, 3])],
+        [_info("c", [6]), _info("d", [1, 2, 3]), _info("e", [2, 3])],
+        [
+            _const("last", [-1]),
+            _const("s1", [1, 6]),
+            _const("flat", [-1]),
+            _const("zero", [0, 2, -1]),
+            _const("same", [2, 3]),
+        ],
+    )
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    expected = _run(model, {"x": x})
+    rewritten = _copy(model)
+    assert _passes.rewrite_reshape_chains(rewritten) == 3
+    nodes = {n.output[0]: n for n in rewritten.graph.node}
+    assert nodes["b"].input[0] == "x"
+    assert nodes["c"].input[0] == "x"
+    assert nodes["d"].input[0] == "b"
+    assert nodes["e"].op_type == "Identity"
+    for got, ref in zip(_run(rewritten, {"x": x}), expected):
+        np.testing.assert_array_equal(got, ref)
+
+
+def test_identities_are_dropped_but_graph_outputs_kept():
+    model = _model(
+        [
+            helper.make_node("Identity", ["x"], ["a"]),
+            helper.make_node("Identity", ["a"], ["b"]),
+            helper.make_node("Neg", ["b"], ["c"]),
+            helper.make_node("Identity", ["c"], ["d"]),
+        ],
+        [_info("x", [3])],
+        [_info("d", [3])],
+    )
+    assert _passes.drop_identities(model) == 2
+    assert [(n.op_type, list(n.input)) for n in model.graph.node] == [
+        ("Neg", ["x"]),
+        ("Identity", ["c"]),
+    ]
