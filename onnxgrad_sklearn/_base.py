@@ -296,8 +296,10 @@ class BaseOrtGradient(BaseEstimator):
             )
             if first_call:
                 self._initialize(X, y2d, fitted)
-            if first_call or not incremental or not hasattr(self, "_penalty"):
-                self._penalty = self._resolve_penalty(X.shape[0], optimizer.full_batch)
+            if first_call or not incremental or not hasattr(self, "_template_penalty"):
+                # partial_fit keeps the rows of its first call: one engine for every call
+                self._template_penalty = self._templates_penalty(X.shape[0], optimizer.full_batch)
+            self._penalty = self._resolve_penalty()
             self._loss_ = loss
             loss = self._resolve_loss(loss)
             full_batch = optimizer.full_batch  # the engine then only gives loss and gradients
@@ -421,14 +423,12 @@ class BaseOrtGradient(BaseEstimator):
             )
         return optimizer
 
-    def _resolve_penalty(self, n_samples, full_batch):
-        """``(alpha, l1_ratio)`` trained: the estimator's, or with ``"auto"`` the template's.
+    def _templates_penalty(self, n_samples, full_batch):
+        """The template's penalty as ``(alpha, l1_ratio)``, for the rows of one batch.
 
-        The template's penalty is converted for the rows of one batch (all rows at
-        full batch), so that the objective is the template's own (families.Family.penalty).
+        All rows at full batch, so that the objective is the template's own
+        (families.Family.penalty).
         """
-        if self.alpha != "auto" and self.l1_ratio != "auto":
-            return float(self.alpha), float(self.l1_ratio)
         rows = n_samples
         if not full_batch:
             if self.early_stopping:
@@ -436,7 +436,11 @@ class BaseOrtGradient(BaseEstimator):
             size = 200 if self.batch_size == "auto" else self.batch_size
             rows = max(1, min(size, n_samples))
         final = final_estimator(self._template())
-        alpha, l1_ratio = family_of(final).penalty(final, max(n_samples, 1), rows)
+        return family_of(final).penalty(final, max(n_samples, 1), rows)
+
+    def _resolve_penalty(self):
+        """``(alpha, l1_ratio)`` trained: the estimator's, or with ``"auto"`` the template's."""
+        alpha, l1_ratio = self._template_penalty
         alpha = alpha if self.alpha == "auto" else float(self.alpha)
         l1_ratio = l1_ratio if self.l1_ratio == "auto" else float(self.l1_ratio)
         logger.info(

@@ -503,3 +503,16 @@ def test_multilabel_mlp_classifier_follows_mlpclassifier(n_labels):
     np.testing.assert_allclose(np.exp(ours.predict_log_proba(X)), proba, rtol=1e-10)
     with pytest.raises(ValueError, match="Multilabel targets need an MLPClassifier template"):
         OrtGradientClassifier(LogisticRegression()).fit(X, Y)
+
+
+def test_partial_fit_takes_a_new_alpha_and_keeps_the_templates_rows():
+    X, y = _diabetes()
+    est = OrtGradientRegressor(SGDRegressor(alpha=0.01), random_state=0)
+    est.partial_fit(X, y)
+    assert est._penalty == pytest.approx((0.01 * 200, 0.0))  # Adam's batch of 200 rows
+    est.partial_fit(X[:50], y[:50])  # a smaller chunk: the same penalty, the same engine
+    assert est._penalty == pytest.approx((0.01 * 200, 0.0))
+    engine = est._engine
+    est.set_params(alpha=0.5).partial_fit(X, y)
+    assert est._penalty == (0.5, 0.0)
+    assert est._engine is not engine  # the penalty is part of the training graph
