@@ -351,12 +351,10 @@ def _sgd_penalty(est, rows):
 
 def _sgd_conversion(name, value, est, n_samples):
     if name in ("alpha", "penalty", "l1_ratio"):
-        ratio = {"l2": 0.0, "l1": 1.0, "elasticnet": float(est.l1_ratio)}.get(est.penalty, 0.0)
         if est.penalty is None:
             return "alpha=0.0 (no penalty)"
-        return _penalty_advice(
-            est.alpha * n_samples, ratio, f"{type(est).__name__}'s alpha times n_samples"
-        )
+        alpha, ratio = _sgd_penalty(est, n_samples)  # at full batch
+        return _penalty_advice(alpha, ratio, f"{type(est).__name__}'s alpha times n_samples")
     if name == "eta0":
         return "learning_rate_init= (the step size of the estimator's optimizer)"
     return _SAME_NAME.get(name)
