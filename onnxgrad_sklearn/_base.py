@@ -304,7 +304,11 @@ class BaseOrtGradient(BaseEstimator):
             loss = self._resolve_loss(loss)
             full_batch = optimizer.full_batch  # the engine then only gives loss and gradients
             engine = self._get_engine(
-                loss, SGD() if full_batch else optimizer, reset=not incremental
+                loss,
+                SGD() if full_batch else optimizer,
+                reset=not incremental,
+                # L-BFGS-B adds the L1 part itself, over bound-constrained variables
+                penalty=_smooth_penalty(self._penalty) if full_batch else self._penalty,
             )
         except BaseException:
             self.__dict__.clear()
@@ -312,7 +316,7 @@ class BaseOrtGradient(BaseEstimator):
             raise
         try:
             if full_batch:
-                self._run_lbfgs(engine, X, y2d, sample_weight, optimizer)
+                self._run_lbfgs(engine, X, y2d, sample_weight, optimizer, loss)
             else:
                 self._run_epochs(engine, X, y2d, sample_weight, incremental)
         finally:
@@ -421,6 +425,8 @@ class BaseOrtGradient(BaseEstimator):
                 f"partial_fit is not available with optimizer={self.optimizer!r}, a "
                 "full-batch solver: use fit, or a stochastic optimizer such as 'adam'."
             )
+        if hasattr(optimizer, "widths"):
+            optimizer.widths()  # refuses an invalid smoothing before any work
         return optimizer
 
     def _templates_penalty(self, n_samples, full_batch):
@@ -512,35 +518,15 @@ class BaseOrtGradient(BaseEstimator):
     def _trained_indices(self):
         return [k for k, p in enumerate(self._converted.params) if p.trainable]
 
-    def _get_engine(self, loss, optimizer, reset):
+    def _get_engine(self, loss, optimizer, reset, penalty):
         # Reused only when the loss and optimizer are equal in every parameter: a repr
         # cuts long values (an OnnxLoss's graph) in the middle.
         threads = intra_op_threads(self.n_jobs)
         self._intra_op_threads = threads  # of the training sessions (0: the runtime's default)
-        key = _fingerprint((loss, optimizer, *self._penalty, self.device, self.backend, threads))
+        key = _fingerprint((loss, optimizer, *penalty, self.device, self.backend, threads))
         engine = self.__dict__.get("_engine")
-        conv = self._converted
-        idx = self._trained_indices()
         if engine is None or key != self._engine_key:
-            names = [conv.initializer_names[k] for k in idx]
-            penalized = [conv.initializer_names[k] for k in idx if conv.params[k].penalized]
-            from .engine import TrainingEngine
-
-            engine = TrainingEngine(
-                conv.model,
-                conv.output_name,
-                names,
-                penalized,
-                self.n_outputs_,
-                loss,
-                optimizer,
-                alpha=self._penalty[0],
-                l1_ratio=self._penalty[1],
-                device=self.device,
-                loss_input=self._loss_input,
-                backend=self.backend,
-                threads=threads,
-            )
+            engine = self._new_engine(loss, optimizer, penalty)
             self.backend_ = engine.backend
             previous = self.__dict__.get("_engine")
             saved = self.__dict__.pop("_optimizer_state", None)
@@ -557,6 +543,30 @@ class BaseOrtGradient(BaseEstimator):
                 self.learning_rate, self.learning_rate_init, self.power_t
             )
         return engine
+
+    def _new_engine(self, loss, optimizer, penalty):
+        """A training engine for the converted model, ``loss``, ``optimizer`` and penalty."""
+        from .engine import TrainingEngine
+
+        conv = self._converted
+        idx = self._trained_indices()
+        names = [conv.initializer_names[k] for k in idx]
+        penalized = [conv.initializer_names[k] for k in idx if conv.params[k].penalized]
+        return TrainingEngine(
+            conv.model,
+            conv.output_name,
+            names,
+            penalized,
+            self.n_outputs_,
+            loss,
+            optimizer,
+            alpha=penalty[0],
+            l1_ratio=penalty[1],
+            device=self.device,
+            loss_input=self._loss_input,
+            backend=self.backend,
+            threads=self._intra_op_threads,
+        )
 
     def _batch_size(self, n_samples):
         if self.batch_size == "auto":
@@ -706,23 +716,37 @@ class BaseOrtGradient(BaseEstimator):
         if bar is not None:
             bar.write(line)
 
-    def _run_lbfgs(self, engine, X, y2d, sample_weight, optimizer):
+    def _run_lbfgs(self, engine, X, y2d, sample_weight, optimizer, loss):
         """Minimise the loss of the whole training set with scipy's L-BFGS-B.
 
         As MLPRegressor(solver="lbfgs"): ``max_iter`` iterations at most,
         ``optimizer.max_fun`` loss evaluations, ``tol`` as ``gtol``. The loss
         and its gradient come from the runtime, over chunks of rows when the
-        data is large.
+        data is large. A loss with kinks is first minimised with its kinks
+        rounded, for decreasing widths (``optimizer.smoothing``), each stage
+        starting where the last one stopped and sharing the budget.
         """
         import scipy.optimize
         from sklearn.utils.optimize import _check_optimize_result
 
-        objective = _FullBatchObjective(
-            engine, X, y2d, sample_weight, self._penalized_mask(), *self._penalty
-        )
-        x0 = objective.pack(engine.get_weights())
-        best = {"x": x0}
-
+        stages = [(w, loss.smoothed(w)) for w in self._smoothing_widths(optimizer, y2d, loss)]
+        stages = [(w, smooth) for w, smooth in stages if smooth is not None]
+        penalty = _smooth_penalty(self._penalty)
+        l1 = self._penalty[0] * self._penalty[1]
+        objectives = [
+            _FullBatchObjective(
+                engine if smooth is None else self._new_engine(smooth, SGD(), penalty),
+                X,
+                y2d,
+                sample_weight,
+                self._penalized_mask(),
+                *penalty,
+                l1=l1,
+            )
+            for _, smooth in [*stages, (0.0, None)]
+        ]
+        x = objectives[0].pack(engine.get_weights())
+        best = {"x": x}
         bar = _progress(self.verbose >= 1, self.max_iter, type(self).__name__, "iter")
 
         def record(intermediate_result):
@@ -733,25 +757,42 @@ class BaseOrtGradient(BaseEstimator):
                 bar.set_postfix(loss=f"{self.loss_curve_[-1]:.6g}")
                 bar.update(1)
 
+        iterations = evaluations = 0
         try:
-            with warnings.catch_warnings():
-                # scipy warns about a float32 gradient's rounding in the line search
-                warnings.simplefilter("ignore", RuntimeWarning)
-                result = scipy.optimize.minimize(
-                    objective,
-                    x0,
-                    method="L-BFGS-B",
-                    jac=True,
-                    callback=record,
-                    options={
-                        "maxfun": optimizer.max_fun,
-                        "maxiter": self.max_iter,
-                        "gtol": self.tol,
-                        **_ftol_option(optimizer),
-                    },
-                )
+            for (width, _), objective in zip([*stages, (0.0, None)], objectives):
+                if iterations >= self.max_iter and width:
+                    continue  # the budget is spent: the exact loss is only evaluated
+                with warnings.catch_warnings():
+                    # scipy warns about a float32 gradient's rounding in the line search
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    result = scipy.optimize.minimize(
+                        objective,
+                        x,
+                        method="L-BFGS-B",
+                        jac=True,
+                        bounds=objective.bounds,
+                        callback=record,
+                        options={
+                            "maxfun": max(optimizer.max_fun - evaluations, 1),
+                            "maxiter": max(self.max_iter - iterations, 0),
+                            "gtol": self.tol,
+                            **_ftol_option(optimizer),
+                        },
+                    )
+                iterations += result.nit
+                evaluations += result.nfev
+                if not np.isfinite(result.fun):
+                    break
+                x = result.x
+                if width:
+                    logger.info(
+                        "L-BFGS with the kinks rounded over %.3g: %d iterations, loss %.8f",
+                        width,
+                        result.nit,
+                        result.fun,
+                    )
         except KeyboardInterrupt:
-            engine.set_weights(objective.unpack(best["x"]))
+            engine.set_weights(objectives[0].unpack(best["x"]))
             self.n_iter_ = len(self.loss_curve_)
             warnings.warn(
                 f"Training interrupted by user during L-BFGS iteration {self.n_iter_ + 1}: the "
@@ -764,12 +805,24 @@ class BaseOrtGradient(BaseEstimator):
             if bar is not None:
                 bar.close()
         x = result.x if np.isfinite(result.fun) else best["x"]
-        engine.set_weights(objective.unpack(x))
+        engine.set_weights(objectives[0].unpack(x))
+        result.nit = iterations
         self.n_iter_ = _check_optimize_result("lbfgs", result, self.max_iter)
-        self.loss_ = float(result.fun)
+        self.loss_ = objectives[-1].exact(x, result.fun)
         self.best_loss_ = min(self.loss_curve_, default=self.loss_)
         if not np.isfinite(result.fun):
             self._diverged(result.fun, self.n_iter_, None)
+
+    def _smoothing_widths(self, optimizer, y2d, loss):
+        """The widths the kinks of ``loss`` are rounded over before the exact loss."""
+        widths = optimizer.widths() if hasattr(optimizer, "widths") else ()
+        if not widths or loss.smoothed(1.0) is None:
+            return []
+        scale = 1.0
+        if not is_classifier(self):  # the residuals' scale: the targets' spread
+            spread = float(np.mean(np.std(y2d, axis=0, dtype=np.float64)))
+            scale = spread if np.isfinite(spread) and spread > 0 else 1.0
+        return [w * scale for w in widths]
 
     def _penalized_mask(self):
         conv = self._converted
@@ -1048,16 +1101,35 @@ class _FullBatchObjective:
     penalty ``P`` included once per call. Over several chunks the penalty is
     taken out of all but one: the result is the loss of the whole set. A
     sparse X is densified one chunk at a time (at once if it is one chunk).
+
+    An L1 penalty ``l1 * ||w||_1`` (not the engine's: its ``alpha`` and
+    ``l1_ratio`` are the smooth part) is added here, over bound-constrained
+    variables: each penalised weight is ``u - v`` with ``u, v >= 0`` and the
+    penalty ``l1 * (u + v)`` is linear, so that L-BFGS-B meets no kink at 0
+    (the variables then are ``x = [w with u in place of the penalised
+    entries, v]``, with :attr:`bounds`).
     """
 
     # Rows per call: about 4 million input values (16 MB of float32).
     chunk_values = _CHUNK_VALUES
 
-    def __init__(self, engine, X, y2d, sample_weight, penalized, alpha, l1_ratio):
+    def __init__(self, engine, X, y2d, sample_weight, penalized, alpha, l1_ratio, l1=0.0):
         self.engine, self.X, self.y, self.sw = engine, X, y2d, sample_weight
         self.shapes = engine.shapes
         self.sizes = [int(np.prod(s)) for s in self.shapes]
         self.penalized, self.alpha, self.l1_ratio = penalized, alpha, l1_ratio
+        self.l1 = float(l1)
+        n = sum(self.sizes)
+        mask = np.concatenate(
+            [np.full(size, bool(p)) for size, p in zip(self.sizes, penalized)] or [[]]
+        ).astype(bool)
+        self.split = np.flatnonzero(mask) if self.l1 > 0 else np.zeros(0, dtype=int)
+        self.bounds = None
+        if len(self.split):
+            lower = np.full(n + len(self.split), -np.inf)
+            lower[self.split] = 0.0
+            lower[n:] = 0.0
+            self.bounds = _scipy_bounds(lower)
         rows = max(1, self.chunk_values // max(X.shape[1], 1))
         self.chunks = list(gen_batches(X.shape[0], rows))
         if len(self.chunks) == 1:
@@ -1065,11 +1137,32 @@ class _FullBatchObjective:
         self.total_weight = float(np.sum(sample_weight, dtype=np.float64))
 
     def pack(self, arrays):
-        return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays])
+        w = np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays])
+        if not len(self.split):
+            return w
+        negative = np.maximum(-w[self.split], 0.0)
+        w[self.split] = np.maximum(w[self.split], 0.0)
+        return np.concatenate([w, negative])
+
+    def _weights(self, x):
+        """The weights, end to end, of the variables ``x``."""
+        n = sum(self.sizes)
+        w = np.array(x[:n], dtype=np.float64)
+        w[self.split] -= x[n:]
+        return w
 
     def unpack(self, x):
-        parts = np.split(np.asarray(x, dtype=self.engine.dtype), np.cumsum(self.sizes)[:-1])
+        w = self._weights(np.asarray(x, dtype=np.float64)).astype(self.engine.dtype)
+        parts = np.split(w, np.cumsum(self.sizes)[:-1])
         return [p.reshape(s) for p, s in zip(parts, self.shapes)]
+
+    def exact(self, x, value) -> float:
+        """The objective at the weights of ``x`` from its value at ``x`` (``u + v >= |w|``)."""
+        if not len(self.split) or not np.isfinite(value):
+            return float(value)
+        n = sum(self.sizes)
+        extra = np.sum(x[self.split] + x[n:]) - np.sum(np.abs(self._weights(x)[self.split]))
+        return float(value - self.l1 * extra / self.total_weight)
 
     def _penalty(self, weights):
         value, grads = 0.0, []
@@ -1084,6 +1177,7 @@ class _FullBatchObjective:
         return value, grads
 
     def __call__(self, x):
+        self._x = np.asarray(x, dtype=np.float64)
         weights = self.unpack(x)
         self.engine.set_weights(weights)
         if len(self.chunks) == 1:
@@ -1107,9 +1201,30 @@ class _FullBatchObjective:
         return self._result(total / self.total_weight, [g / self.total_weight for g in summed])
 
     def _result(self, loss, grads):
+        n = sum(self.sizes)
         if not np.isfinite(loss):
-            return np.inf, np.zeros(sum(self.sizes))
-        return float(loss), self.pack(grads)
+            return np.inf, np.zeros(n + len(self.split))
+        g = np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in grads])
+        if not len(self.split):
+            return float(loss), g
+        c = self.l1 / self.total_weight
+        loss = float(loss) + c * float(np.sum(self._x[self.split]) + np.sum(self._x[n:]))
+        negative = c - g[self.split]
+        g[self.split] += c
+        return loss, np.concatenate([g, negative])
+
+
+def _smooth_penalty(penalty):
+    """``(alpha, l1_ratio)`` without the L1 part: ``(alpha * (1 - l1_ratio), 0)``."""
+    alpha, l1_ratio = penalty
+    return (alpha * (1 - l1_ratio), 0.0) if l1_ratio else (alpha, l1_ratio)
+
+
+def _scipy_bounds(lower):
+    """scipy's ``Bounds`` with ``lower`` and no upper bound."""
+    import scipy.optimize
+
+    return scipy.optimize.Bounds(lower, np.full(len(lower), np.inf))
 
 
 def _ftol_option(optimizer) -> dict:

@@ -44,6 +44,10 @@ class _LogitLoss(BaseLoss):
         self.binary = binary
         self.signed = signed
 
+    def smoothed(self, width):
+        inner = self.loss.smoothed(width)
+        return None if inner is None else _LogitLoss(inner, self.binary, self.signed)
+
     def build(self, g: GraphBuilder, y_pred: str, y_true: str) -> str:
         if self.binary and (self.signed or isinstance(self.loss, _losses._MarginLoss)):
             second = [g.const([k], np.int64) for k in (1, 2, 1)]

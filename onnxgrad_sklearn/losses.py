@@ -40,7 +40,7 @@ from numbers import Real
 from typing import TYPE_CHECKING
 
 import numpy as np
-from sklearn.base import BaseEstimator
+from sklearn.base import BaseEstimator, clone
 
 from ._lazy import lazy
 
@@ -96,6 +96,44 @@ class BaseLoss(BaseEstimator):
 
     task: str | None = None
     gives_proba: bool = True
+    #: Width of the quadratic that replaces the loss's kinks (0: the exact loss). Set
+    #: on the copies :meth:`smoothed` returns; not a hyper-parameter.
+    _width: float = 0.0
+
+    def smoothed(self, width: float):
+        """A copy whose kinks are rounded over ``width``, or None for a smooth loss.
+
+        Full-batch L-BFGS stalls at the kinks of a piecewise-linear loss; it
+        minimises these copies first, for decreasing widths (see
+        :class:`~onnxgrad_sklearn.optim.LBFGS`). Each kink ``max(0, u)`` becomes
+        ``u ** 2 / (2 * width)`` for ``0 < u < width`` and ``u - width / 2``
+        beyond: the value moves by at most ``width / 2`` per kink and sample,
+        and the gradient is continuous. The base class has no kinks (None).
+
+        Parameters
+        ----------
+        width : float
+            Width of the rounded part, in the units of the loss's argument
+            (margin or residual); > 0.
+
+        Returns
+        -------
+        BaseLoss or None
+        """
+        return None
+
+    def _smoothed_copy(self, width: float):
+        if not width > 0:
+            raise ValueError(f"smoothing width must be > 0, got {width!r}.")
+        copy = clone(self)
+        copy._width = float(width)
+        return copy
+
+    def _kink(self, g: GraphBuilder, u: str) -> str:
+        """``max(0, u)``, rounded over ``self._width`` on a smoothed copy."""
+        if not self._width:
+            return g.relu(u)
+        return _rounded_relu(g, u, self._width)
 
     def check_params(self) -> None:
         """Raise a ``ValueError`` naming the hyper-parameter that is invalid.
@@ -129,6 +167,12 @@ class BaseLoss(BaseEstimator):
         return g.sub(y_true, y_pred)
 
 
+def _rounded_relu(g: GraphBuilder, u: str, width: float) -> str:
+    # c = clip(u, 0, width): c * (u - c / 2) / width is 0, u^2 / (2 width), u - width / 2
+    c = g.op("Clip", u, g.const(0.0), g.const(width))
+    return g.mul(g.mul(c, g.sub(u, g.mul(c, g.const(0.5)))), g.const(1.0 / width))
+
+
 class SquaredError(BaseLoss):
     """Half the squared error: ``0.5 * sum_k (y_k - p_k) ** 2`` per sample.
 
@@ -149,8 +193,14 @@ class AbsoluteError(BaseLoss):
     task = "regression"
     gives_proba = False
 
+    def smoothed(self, width):
+        return self._smoothed_copy(width)
+
     def build(self, g, y_pred, y_true):
-        return g.sum(g.abs(self._residual(g, y_pred, y_true)), axes=[1])
+        r = self._residual(g, y_pred, y_true)
+        if self._width:
+            return g.sum(g.add(self._kink(g, r), self._kink(g, g.neg(r))), axes=[1])
+        return g.sum(g.abs(r), axes=[1])
 
 
 class Huber(BaseLoss):
@@ -207,11 +257,14 @@ class Quantile(BaseLoss):
         if not 0 < self.quantile < 1:
             raise ValueError(f"Quantile quantile must be in (0, 1), got {self.quantile!r}.")
 
+    def smoothed(self, width):
+        return self._smoothed_copy(width)
+
     def build(self, g, y_pred, y_true):
         self.check_params()
         r = self._residual(g, y_pred, y_true)
-        pos = g.mul(g.relu(r), g.const(self.quantile))
-        neg = g.mul(g.relu(g.neg(r)), g.const(1.0 - self.quantile))
+        pos = g.mul(self._kink(g, r), g.const(self.quantile))
+        neg = g.mul(self._kink(g, g.neg(r)), g.const(1.0 - self.quantile))
         return g.sum(g.add(pos, neg), axes=[1])
 
 
@@ -525,7 +578,12 @@ class Hinge(_ThresholdMarginLoss):
         Margin below which a sample is penalised.
     """
 
+    def smoothed(self, width):
+        return self._smoothed_copy(width)
+
     def _margin_loss(self, g, z):
+        if self._width:
+            return self._kink(g, g.sub(g.const(float(self.threshold)), z))
         return _hinge(g, z, float(self.threshold))
 
 
@@ -604,7 +662,7 @@ class _EpsilonBand(BaseLoss):
         self.check_params()
         r = self._residual(g, y_pred, y_true)
         eps = g.const(float(self.epsilon))
-        return g.relu(g.sub(r, eps)), g.relu(g.sub(g.neg(r), eps))
+        return self._kink(g, g.sub(r, eps)), self._kink(g, g.sub(g.neg(r), eps))
 
 
 class EpsilonInsensitive(_EpsilonBand):
@@ -622,6 +680,9 @@ class EpsilonInsensitive(_EpsilonBand):
     epsilon : float, default=0.1
         Half-width of the band where errors cost nothing (>= 0).
     """
+
+    def smoothed(self, width):
+        return self._smoothed_copy(width)
 
     def build(self, g, y_pred, y_true):
         above, below = self._parts(g, y_pred, y_true)

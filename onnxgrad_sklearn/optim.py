@@ -336,6 +336,11 @@ class LBFGS(BaseOptimizer):
     ``shuffle``, the learning rate and early stopping do not apply, and
     ``partial_fit`` is not available.
 
+    The L1 part of a penalty (``l1_ratio > 0``) is not differentiated: each
+    penalised weight is written ``u - v`` with ``u, v >= 0`` (L-BFGS-B's
+    bounds), on which the penalty ``u + v`` is linear, so that weights reach
+    exactly 0 as with scikit-learn's coordinate descent.
+
     Parameters
     ----------
     max_fun : int, default=15000
@@ -349,13 +354,54 @@ class LBFGS(BaseOptimizer):
         1e-6 relative where the default stopped 3e-6 to 1e-5 away on a
         PoissonRegressor and 3e-7 on a LogisticRegression); in float32 a
         value below about 1e-7 only makes the line search fail at the end.
+    smoothing : "auto", tuple of float or None, default="auto"
+        For a loss with kinks (hinge, pinball, absolute and epsilon-insensitive
+        errors), the widths over which the kinks are rounded in a first series
+        of minimisations, each starting where the last stopped, before the
+        exact loss (see :meth:`~onnxgrad_sklearn.losses.BaseLoss.smoothed`).
+        L-BFGS stalls at the kinks of the exact loss: on LinearSVC's hinge at
+        C=1 it stopped 4.1e-3 above the optimum in float32, 3.5e-5 after rounding.
+        The widths are relative to the loss's scale: 1 for a classifier's
+        margins, the standard deviation of the targets for a regressor.
+        ``"auto"`` is ``(0.1, 0.01, 1e-3, 1e-4)``; None minimises the
+        exact loss only. The iterations of every stage count towards
+        ``max_iter`` and ``loss_curve_`` holds the value of the loss each
+        stage minimises; ``loss_`` is the exact loss. Smooth losses ignore it.
     """
 
     full_batch = True
+    #: The relative widths of ``smoothing="auto"``.
+    AUTO_SMOOTHING = (0.1, 0.01, 1e-3, 1e-4)
 
-    def __init__(self, max_fun: int = 15000, ftol: float | None = None):
+    def __init__(self, max_fun: int = 15000, ftol: float | None = None, smoothing="auto"):
         self.max_fun = max_fun
         self.ftol = ftol
+        self.smoothing = smoothing
+
+    def widths(self) -> tuple:
+        """The relative smoothing widths, largest first (empty: exact loss only).
+
+        Raises
+        ------
+        ValueError
+            When ``smoothing`` is not "auto", None or a sequence of numbers > 0.
+        """
+        smoothing = self.smoothing
+        if smoothing is None:
+            return ()
+        if isinstance(smoothing, str):
+            if smoothing == "auto":
+                return self.AUTO_SMOOTHING
+        else:
+            try:
+                widths = tuple(float(w) for w in smoothing)
+            except (TypeError, ValueError):
+                widths = None
+            if widths is not None and all(np.isfinite(w) and w > 0 for w in widths):
+                return tuple(sorted(widths, reverse=True))
+        raise ValueError(
+            f"LBFGS smoothing must be 'auto', None or a sequence of widths > 0, got {smoothing!r}."
+        )
 
     def update(self, g, param, grad, state, learning_rate):
         raise TypeError("LBFGS is a full-batch solver: it has no per-batch update graph.")

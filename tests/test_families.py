@@ -74,8 +74,8 @@ def test_loss_auto_is_the_templates_own_loss(template, expected):
     assert loss.get_params() == expected.get_params()
 
 
-@pytest.mark.parametrize("dtype, rel", [("float32", 2e-2), ("float64", 1e-3)])
-def test_quantile_template_trains_its_quantile_not_squared_error(dtype, rel):
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_quantile_template_trains_its_quantile_not_squared_error(dtype):
     X, y = _diabetes(scale_target=False)
     template = QuantileRegressor(quantile=0.9, alpha=0.0)
     est = OrtGradientRegressor(template, dtype=dtype).fit(X, y)
@@ -85,10 +85,10 @@ def test_quantile_template_trains_its_quantile_not_squared_error(dtype, rel):
     ref = QuantileRegressor(quantile=0.9, alpha=0.0).fit(X, y)
     ours = mean_pinball_loss(y, est.predict(X), alpha=0.9)
     theirs = mean_pinball_loss(y, ref.predict(X), alpha=0.9)
-    # the linear-programming optimum; measured 3e-5 above in float64. In float32 the
-    # unpenalised pinball loss stops L-BFGS-B's line search at a kink 1.1e-2 above (with
-    # alpha=1e-4: 7e-5; restarts from the stop point: 1.0e-2)
-    assert theirs <= ours < theirs * (1 + rel)
+    # the linear-programming optimum; measured 1.4e-5 (float32) and 1.3e-5 (float64)
+    # above, in 135 and 142 iterations. Without rounding the kinks first
+    # (LBFGS(smoothing=None)) L-BFGS-B stopped at a kink 1.1e-2 above in float32
+    assert theirs <= ours < theirs * (1 + 1e-4)
 
 
 def test_template_class_weight_applies_when_the_estimators_is_none():

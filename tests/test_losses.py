@@ -634,3 +634,109 @@ def test_the_kink_is_written_with_a_comparison_mask():
     assert "LessOrEqual" in ops and "Cast" in ops and "Relu" not in ops
     cast = next(n for n in g.nodes if n.op_type == "Cast")
     assert onnx.helper.get_attribute_value(cast.attribute[0]) == onnx.TensorProto.FLOAT
+
+
+# (d) the rounded kinks of full-batch L-BFGS's first stages ------------------------------
+
+#: losses with kinks and, in numpy, the kinks ``c * max(0, u)`` their value sums, from the
+#: prediction p and the target (r = y - p, or the margin of a 0/1 target)
+KINKED = {
+    "hinge": (Hinge(), lambda p, t: [(1.0, 1 - (2 * t - 1) * p)]),
+    "quantile-0.8": (Quantile(0.8), lambda p, y: [(0.8, y - p), (0.2, p - y)]),
+    "absolute": (AbsoluteError(), lambda p, y: [(1.0, y - p), (1.0, p - y)]),
+    "epsilon-0.3": (EpsilonInsensitive(0.3), lambda p, y: [(1.0, y - p - 0.3), (1.0, p - y - 0.3)]),
+}
+
+
+def _rounded(kinks, width):
+    """sum_k c_k * max(0, u_k), each kink rounded over ``width`` (exact for width 0)."""
+    total = 0.0
+    for c, u in kinks:
+        if width == 0:
+            total = total + c * np.maximum(0.0, u)
+        else:
+            clipped = np.clip(u, 0.0, width)
+            total = total + c * clipped * (u - clipped / 2) / width
+    return total.sum(axis=1)
+
+
+def _kinked_case(name, width, rng, n):
+    if name == "hinge":  # margins about the threshold 1
+        target = rng.randint(0, 2, size=(n, 1)).astype(np.float64)
+        return (2 * target - 1) * (1 + rng.randn(n, 1) * 2 * width), target
+    pred = rng.randn(n, 1)
+    shift = 0.3 if name == "epsilon-0.3" else 0.0
+    sign = np.where(rng.rand(n, 1) < 0.5, 1.0, -1.0)
+    return pred, pred + sign * (shift + rng.randn(n, 1) * 2 * width)
+
+
+@pytest.mark.parametrize("width", [1.0, 0.01])
+@pytest.mark.parametrize("name", sorted(KINKED))
+def test_rounded_kinks_are_the_formula_and_stay_within_half_the_width(name, width):
+    loss, kinks = KINKED[name]
+    pred, target = _kinked_case(name, width, np.random.RandomState(0), 400)
+    smoothed = loss.smoothed(width)
+    assert smoothed is not loss and smoothed.get_params() == loss.get_params()
+    assert loss._width == 0.0  # the template's loss is left exact
+    rounded = _per_sample(smoothed, pred, target)
+    pieces = kinks(_f32(pred), _f32(target))
+    np.testing.assert_allclose(rounded, _rounded(pieces, width), rtol=1e-5, atol=1e-6)
+    exact = _per_sample(loss, pred, target)
+    np.testing.assert_allclose(exact, _rounded(pieces, 0), rtol=1e-5, atol=1e-6)
+    within = [(0 < u) & (u < width) for _, u in pieces]
+    assert sum(w.sum() for w in within) > 50  # the rounded part is in play
+    bound = sum(c for c, _ in pieces) * width / 2
+    assert np.all(rounded <= exact + 1e-6) and np.all(exact - rounded <= bound * (1 + 1e-5))
+
+
+@pytest.mark.parametrize("name", sorted(KINKED))
+def test_rounded_kink_gradients_match_finite_differences(name):
+    """A linear model's gradient of the rounded loss, with points inside the band."""
+    loss, kinks = KINKED[name]
+    width = 0.5
+    rng = np.random.RandomState(1)
+    X = rng.randn(60, 3)
+    coef, intercept = rng.randn(3, 1) * 0.3, np.array([0.1])
+    f = X @ coef + intercept
+    if name == "hinge":
+        y = (f > 0).astype(np.float64)  # margins |f|, some below 1
+    else:
+        pred, target = _kinked_case(name, width, rng, 60)
+        y = f + target - pred
+    sw = rng.rand(60) + 0.5
+    linear = _Linear(loss.smoothed(width), X, 1, coef, intercept)
+    value, grads = linear.engine.loss_and_gradients(
+        linear.X.astype(np.float32), y.astype(np.float32), sw.astype(np.float32)
+    )
+    per_sample = lambda p, t: _rounded(kinks(p, t), width)  # noqa: E731
+    inside = sum(((0 < u) & (u < width)).sum() for _, u in kinks(f, y))
+    assert inside >= 5
+    assert value == pytest.approx(linear.reference_loss(per_sample, linear.values, y, sw), 1e-5)
+    for grad, expected in zip(grads, linear.finite_differences(per_sample, y, sw)):
+        assert rel_error(grad, expected) < 1e-4
+
+
+def test_smooth_losses_have_no_rounded_copy():
+    for loss in (SquaredError(), Huber(), LogLoss(), SquaredHinge(), ModifiedHuber()):
+        assert loss.smoothed(0.1) is None
+    with pytest.raises(ValueError, match="width must be > 0"):
+        Hinge().smoothed(0.0)
+
+
+@pytest.mark.parametrize("smoothing", ["fast", (0.1, -1.0), (0.1, float("nan")), 3])
+def test_lbfgs_refuses_an_invalid_smoothing(smoothing):
+    from onnxgrad_sklearn.optim import LBFGS
+
+    with pytest.raises(ValueError, match="LBFGS smoothing must be"):
+        LBFGS(smoothing=smoothing).widths()
+
+
+def test_an_invalid_smoothing_is_refused_before_fit_changes_anything():
+    from onnxgrad_sklearn import OrtGradientRegressor
+    from onnxgrad_sklearn.optim import LBFGS
+
+    X = np.random.RandomState(0).randn(30, 2)
+    est = OrtGradientRegressor(optimizer=LBFGS(smoothing=(0.1, 0.0)))
+    with pytest.raises(ValueError, match="LBFGS smoothing must be"):
+        est.fit(X, X[:, 0])
+    assert not hasattr(est, "n_iter_") and not hasattr(est, "estimator_")
