@@ -12,6 +12,7 @@ import logging
 # onnx, skl2onnx and onnxruntime are imported on first use (fit, predict, to_onnx,
 # unpickling), which also checks the onnxruntime installation (runtime.bindings).
 from . import families, templates
+from ._config import config_context, get_config, set_config
 from .classifier import OrtGradientClassifier
 from .exceptions import ConvergenceError
 from .regressor import OrtGradientRegressor
@@ -22,6 +23,9 @@ __all__ = [
     "GraphBuilder",
     "OrtGradientClassifier",
     "OrtGradientRegressor",
+    "config_context",
+    "get_config",
+    "set_config",
 ]
 
 __version__ = "0.1.0"

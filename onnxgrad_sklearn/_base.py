@@ -23,7 +23,13 @@ from .exceptions import ConvergenceError
 from .families import dropped_settings, family_of
 from .losses import BaseLoss, get_loss
 from .optim import OPTIMIZER_NAMES, SGD, BaseOptimizer, LearningRateSchedule, get_optimizer
-from .runtime import device_to_providers, import_onnxruntime, intra_op_threads, session_options
+from .runtime import (
+    device_to_providers,
+    import_onnxruntime,
+    intra_op_threads,
+    session_options,
+    session_providers,
+)
 from .templates import (
     ConvertedTemplate,
     check_template,
@@ -523,7 +529,11 @@ class BaseOrtGradient(BaseEstimator):
         # cuts long values (an OnnxLoss's graph) in the middle.
         threads = intra_op_threads(self.n_jobs)
         self._intra_op_threads = threads  # of the training sessions (0: the runtime's default)
-        key = _fingerprint((loss, optimizer, *penalty, self.device, self.backend, threads))
+        from ._config import get_config
+
+        # the sessions' CUDA options are read when the engine is made: TF32 is in the key
+        tf32 = get_config()["allow_tf32"]
+        key = _fingerprint((loss, optimizer, *penalty, self.device, self.backend, threads, tf32))
         engine = self.__dict__.get("_engine")
         if engine is None or key != self._engine_key:
             engine = self._new_engine(loss, optimizer, penalty)
@@ -972,7 +982,9 @@ class BaseOrtGradient(BaseEstimator):
         never changes the estimator.
         """
         try:
-            providers, _ = device_to_providers(self.device)
+            device_to_providers(self.device)
+            # the device index and TF32 (off unless set_config(allow_tf32=True)), as training
+            providers, provider_options = session_providers(self.device)
         except ValueError as exc:  # fitted on a GPU, loaded where there is none
             if not str(self.device).lower().startswith("cuda"):
                 raise
@@ -983,14 +995,17 @@ class BaseOrtGradient(BaseEstimator):
                 UserWarning,
                 stacklevel=3,
             )
-            providers = ["CPUExecutionProvider"]
+            providers, provider_options = ["CPUExecutionProvider"], [{}]
         onnxruntime = import_onnxruntime()
         # the threads of where the sessions are made (a worker after unpickling)
         options = session_options(intra_op_threads(getattr(self, "n_jobs", None)))
 
         def session(model):
             return onnxruntime.InferenceSession(
-                model.SerializeToString(), sess_options=options, providers=providers
+                model.SerializeToString(),
+                sess_options=options,
+                providers=providers,
+                provider_options=provider_options,
             )
 
         # The previous fit's sessions go first: each holds a copy of the weights.

@@ -4,7 +4,9 @@ Everything here exists in every onnxruntime build, the plain inference package
 (``onnxruntime``, ``onnxruntime-gpu``) as well as the training build
 (``onnxruntime-training-cpu``): ``OrtValue``, ``OrtDevice`` and the session's IO
 binding. The training bindings (``TrainingAgent``, ``OrtModuleGraphBuilder``)
-are only touched by :mod:`onnxgrad_sklearn.backends.agent`.
+are only touched by :mod:`onnxgrad_sklearn.backends.agent`. Devices: the
+providers and provider options of every session (:func:`session_providers`),
+and training buffers in device memory bound by address (:class:`DeviceBuffers`).
 
 onnxruntime is imported on first use (:func:`bindings`), not with this module, so
 that ``import onnxgrad_sklearn`` stays light. That first use also checks that
@@ -28,20 +30,27 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 __all__ = [
+    "ALIGNMENT",
     "ONNXRUNTIME_DISTRIBUTIONS",
     "SESSION_OPTIONS_HOOKS",
     "BoundRun",
+    "DeviceBuffers",
     "DoubleBuffers",
     "OrtValue",
+    "bind_address",
     "bindings",
     "check_single_runtime",
     "device_to_providers",
     "import_onnxruntime",
     "inner_thread_limit",
     "intra_op_threads",
+    "make_session",
+    "ort_device",
     "ortvalue_view",
+    "parse_device",
     "run_with_ortvalues",
     "session_options",
+    "session_providers",
     "to_ortvalue",
 ]
 
@@ -263,6 +272,42 @@ def intra_op_threads(n_jobs: int | None = None) -> int:
     return max((cpu_count() if limit is None else limit) + 1 + int(n_jobs), 1)
 
 
+def parse_device(device: str) -> tuple[str, int]:
+    """Return the kind (``"cpu"`` or ``"cuda"``) and the index of a device name.
+
+    Only the name is checked, not what the installed runtime has
+    (:func:`device_to_providers` checks that).
+
+    Parameters
+    ----------
+    device : str
+        ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (case and surrounding spaces ignored).
+
+    Returns
+    -------
+    kind : str
+        ``"cpu"`` or ``"cuda"``.
+    index : int
+        Index of the device (0 for the CPU and for ``"cuda"``).
+
+    Raises
+    ------
+    ValueError
+        If the name is not one of the forms above.
+    """
+    if not isinstance(device, str):
+        raise ValueError(f"device must be a string such as 'cpu' or 'cuda:0', got {device!r}.")
+    name = device.strip().lower()
+    if name == "cpu":
+        return "cpu", 0
+    if name == "cuda" or name.startswith("cuda:"):
+        index_text = name[5:] if name.startswith("cuda:") else "0"
+        if not index_text.isdigit():
+            raise ValueError(f"device={device!r} is not valid: use 'cuda' or 'cuda:N'.")
+        return "cuda", int(index_text)
+    raise ValueError(f"device={device!r} is not valid: use 'cpu', 'cuda' or 'cuda:N'.")
+
+
 def device_to_providers(device: str) -> tuple[list[str], int]:
     """Return the execution providers and the device index for a device name.
 
@@ -284,37 +329,123 @@ def device_to_providers(device: str) -> tuple[list[str], int]:
         If the name is not one of the forms above, or if CUDA is asked for and
         the installed runtime has no CUDA provider.
     """
-    if not isinstance(device, str):
-        raise ValueError(f"device must be a string such as 'cpu' or 'cuda:0', got {device!r}.")
-    name = device.strip().lower()
-    if name == "cpu":
+    kind, index = parse_device(device)
+    if kind == "cpu":
         return ["CPUExecutionProvider"], 0
-    if name == "cuda" or name.startswith("cuda:"):
-        index_text = name[5:] if name.startswith("cuda:") else "0"
-        if not index_text.isdigit():
-            raise ValueError(f"device={device!r} is not valid: use 'cuda' or 'cuda:N'.")
-        available = import_onnxruntime().get_available_providers()
-        if "CUDAExecutionProvider" not in available:
-            raise ValueError(
-                f"device={device!r} needs a CUDA build of onnxruntime, but the installed "
-                f"runtime only has {available}. For the standard backend install "
-                "onnxruntime-gpu in place of the CPU build ('pip uninstall -y onnxruntime "
-                "onnxruntime-training-cpu && pip install onnxruntime-gpu'); for the "
-                "TrainingAgent, 'pip install onnxruntime-training==1.19.2' (CUDA 11.8, "
-                "Python <= 3.11) in place of onnxruntime-training-cpu; or use device='cpu'."
-            )
-        return ["CUDAExecutionProvider", "CPUExecutionProvider"], int(index_text)
-    raise ValueError(f"device={device!r} is not valid: use 'cpu', 'cuda' or 'cuda:N'.")
+    available = import_onnxruntime().get_available_providers()
+    if "CUDAExecutionProvider" not in available:
+        raise ValueError(
+            f"device={device!r} needs a CUDA build of onnxruntime, but the installed "
+            f"runtime only has {available}. The standard backend runs on CUDA with "
+            "onnxruntime-gpu in place of the CPU build: 'pip uninstall -y onnxruntime "
+            "onnxruntime-training-cpu && pip install onnxruntime-gpu' (CUDA 13 from "
+            "onnxruntime-gpu 1.27 on, 'onnxruntime-gpu<1.27' for CUDA 12; this removes the "
+            "TrainingAgent). The TrainingAgent on CUDA needs 'onnxruntime-training==1.19.2' "
+            "(CUDA 11.8, Python <= 3.11) in place of onnxruntime-training-cpu. Or use "
+            "device='cpu'."
+        )
+    return ["CUDAExecutionProvider", "CPUExecutionProvider"], index
+
+
+def session_providers(
+    device: str, allow_tf32: bool | None = None
+) -> tuple[list[str], list[dict[str, str]]]:
+    """Return the ``providers`` and ``provider_options`` of a session on a device.
+
+    What the package passes to ``onnxruntime.InferenceSession`` for every session
+    it makes on ``device``. The CUDA provider gets the device index
+    (``device_id``) and ``use_tf32``: ``"0"`` unless TF32 is allowed
+    (onnxruntime's own default is ``"1"``; option of the CUDA provider since
+    onnxruntime 1.18). Only the name is checked, not the installed runtime
+    (see :func:`device_to_providers`).
+
+    Parameters
+    ----------
+    device : str
+        ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+    allow_tf32 : bool, optional
+        Whether float32 matrix products may run in TF32. By default the
+        package's setting (``get_config()["allow_tf32"]``, see
+        :func:`onnxgrad_sklearn.set_config`), read now.
+
+    Returns
+    -------
+    providers : list of str
+        Execution providers, in order of precedence.
+    provider_options : list of dict
+        One dict of options (strings) per provider.
+    """
+    kind, index = parse_device(device)
+    if kind == "cpu":
+        return ["CPUExecutionProvider"], [{}]
+    if allow_tf32 is None:
+        from ._config import get_config
+
+        allow_tf32 = get_config()["allow_tf32"]
+    cuda = {"device_id": str(index), "use_tf32": "1" if allow_tf32 else "0"}
+    return ["CUDAExecutionProvider", "CPUExecutionProvider"], [cuda, {}]
+
+
+def make_session(
+    model, sess_options, providers: Sequence[str], provider_options=None, **kwargs
+) -> onnxruntime.InferenceSession:
+    """Create an ``InferenceSession``; refuse one where the first provider did not start.
+
+    onnxruntime falls back to the CPU, printing "EP Error", when its CUDA
+    provider fails to start (no GPU visible, CUDA or cuDNN libraries missing):
+    a session meant for CUDA buffers would then fail later, in C++.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto or bytes
+        The graph.
+    sess_options : onnxruntime.SessionOptions
+        Its options (:func:`session_options`).
+    providers, provider_options : list
+        As :func:`session_providers` returns them.
+    **kwargs
+        Passed on (``disabled_optimizers``).
+
+    Raises
+    ------
+    RuntimeError
+        When the session runs without the first provider asked for.
+    """
+    ort = import_onnxruntime()
+    data = model if isinstance(model, bytes) else model.SerializeToString()
+    session = ort.InferenceSession(
+        data,
+        sess_options=sess_options,
+        providers=list(providers),
+        provider_options=provider_options,
+        **kwargs,
+    )
+    if providers[0] not in session.get_providers():
+        raise RuntimeError(
+            f"onnxruntime {ort.__version__} did not start its {providers[0]} (it runs this "
+            f"session on {session.get_providers()}; its 'EP Error' above says why): check "
+            "that a GPU is visible (nvidia-smi) and that the CUDA and cuDNN libraries this "
+            "onnxruntime build needs are installed, or use device='cpu'."
+        )
+    return session
 
 
 def ort_device(provider: str, device_index: int):
-    """The runtime's ``OrtDevice`` for an execution provider and a device index."""
-    _C = bindings()
-    if provider == "CUDAExecutionProvider":
-        kind = _C.OrtDevice.cuda()
-    else:
-        kind = _C.OrtDevice.cpu()
+    """The runtime's ``OrtDevice`` for an execution provider and a device index.
+
+    Made as onnxruntime's own ``OrtDevice.make`` makes it: the CUDA device
+    carries NVIDIA's vendor id where the runtime's ``OrtDevice`` has one
+    (onnxruntime >= 1.2x matches devices by vendor too).
+    """
+    name = "cuda" if provider == "CUDAExecutionProvider" else "cpu"
+    if name == "cpu":
         device_index = 0
+    ort = import_onnxruntime()
+    make = getattr(getattr(ort, "OrtDevice", None), "make", None)
+    if make is not None:
+        return make(name, device_index)._get_c_device()
+    _C = bindings()  # pragma: no cover - every supported onnxruntime has OrtDevice.make
+    kind = _C.OrtDevice.cuda() if name == "cuda" else _C.OrtDevice.cpu()
     return _C.OrtDevice(kind, _C.OrtDevice.default_memory(), device_index)
 
 
@@ -416,8 +547,9 @@ class BoundRun:
     session : onnxruntime.InferenceSession
         The session to run.
     inputs : dict of str to OrtValue
-        Inputs bound for every call (an input changed with
-        ``OrtValue.update_inplace`` is read anew at each call).
+        Inputs bound for every call (on the CPU an input changed with
+        ``OrtValue.update_inplace`` is read anew at each call; a CPU input of a
+        CUDA session is copied to the device when bound, so it is not).
     outputs : dict of str to OrtValue
         Every output of the session and the value it is written into.
     """
@@ -456,7 +588,8 @@ class DoubleBuffers:
     the other through IO binding: nothing is allocated per batch, and the values
     before the last update stay intact until the next one (a free undo). Every
     vector also has zero-copy per-tensor views, as numpy arrays and as
-    ``OrtValue`` objects. CPU only: the views are views of numpy memory.
+    ``OrtValue`` objects. CPU only: the views are views of numpy memory
+    (:class:`DeviceBuffers` is the same on any device).
 
     Parameters
     ----------
@@ -505,6 +638,8 @@ class DoubleBuffers:
         self.vectors = [[ortvalue_view(v) for v in p] for p in self.arrays]
         self.n_state = n_state
         self.current = 0
+        #: No padding between the weights (the layout :class:`DeviceBuffers` describes so).
+        self.pads = [0] * len(sizes)
 
     def weights(self, parity: int | None = None) -> list[OrtValue]:
         """Per-tensor weight values of a set (the current one by default)."""
@@ -528,3 +663,210 @@ class DoubleBuffers:
         """Copy vectors returned by :meth:`copy` into the current set."""
         for target, value in zip(self.arrays[self.current], saved):
             np.copyto(target, value)
+
+    def read(self, k: int, parity: int | None = None) -> list[np.ndarray]:
+        """Copies of each weight's part of vector ``k`` of a set (the current one by default)."""
+        return [v.copy() for v in self.views[self.current if parity is None else parity][k]]
+
+    def bind(self, binding, name: str, parity, k: int, i: int | None = None, output=False):
+        """Bind vector ``k`` of a set (``i=None``), or weight ``i``'s part of it, to ``name``.
+
+        ``parity=None``: the current set. The ``OrtValue`` views are bound.
+        """
+        bind, args = self.binder(binding, name, parity, k, i, output)
+        bind(*args)
+
+    def binder(self, binding, name: str, parity, k: int, i: int | None = None, output=False):
+        """``(function, arguments)`` of what :meth:`bind` calls, to call again cheaply."""
+        p = self.current if parity is None else parity
+        value = self.vectors[p][k] if i is None else self.tensors[p][k][i]
+        bind = binding.bind_ortvalue_output if output else binding.bind_ortvalue_input
+        return bind, (name, value)
+
+
+#: Byte alignment of each weight's part of a :class:`DeviceBuffers` vector: that of
+#: ``cudaMalloc``, which the CUDA kernels may assume of the tensors they are given.
+ALIGNMENT = 256
+
+
+def bind_address(binding, name: str, device, dtype, shape, address: int, output=False) -> None:
+    """Bind the tensor at ``address`` (runtime memory on ``device``) to input or output ``name``.
+
+    ``SessionIOBinding.bind_input(name, OrtDevice, element_type, shape, pointer)``
+    and ``bind_output`` with the same arguments (onnxruntime 1.19 to 1.32 at
+    least): the runtime reads or writes that memory, nothing is copied when the
+    session runs its consumers on ``device``. The caller keeps the memory alive.
+
+    Parameters
+    ----------
+    binding : SessionIOBinding
+        The runtime's binding (``onnxruntime.capi._pybind_state.SessionIOBinding``).
+    name : str
+        Input or output of the session.
+    device : OrtDevice
+        Where the memory is (:func:`ort_device`).
+    dtype : numpy dtype
+        Element type.
+    shape : sequence of int
+        Shape of the tensor.
+    address : int
+        Address of its first element (``OrtValue.data_ptr()`` plus an offset in bytes).
+    output : bool, default=False
+        Bind an output instead of an input.
+    """
+    bind = binding.bind_output if output else binding.bind_input
+    bind(*_address_args(name, device, dtype, shape, address))
+
+
+def _address_args(name, device, dtype, shape, address) -> tuple:
+    return name, device, np.dtype(dtype).type, [int(d) for d in shape], int(address)
+
+
+class DeviceBuffers:
+    """:class:`DoubleBuffers` in runtime memory on any device, bound by address.
+
+    Each vector of each set is one ``OrtValue`` the runtime allocated on the
+    device (``OrtValue.ortvalue_from_shape_and_type``); a weight's part of it is
+    bound to a session by address (:func:`bind_address`: the vector's
+    ``data_ptr()`` plus the weight's offset), so the weights, the gradients the
+    fused step computes and the optimizer state stay on the device from batch
+    to batch, and an element-wise rule still updates one flat vector. The host
+    sees the values only through copies (:meth:`read`, :meth:`copy`); writes copy
+    the whole vector to the host, change it and copy it back (rare: set_weights,
+    a restore, a new optimizer state).
+
+    The same code runs on the CPU (``device="cpu"``: runtime-allocated CPU
+    memory), which is how the CUDA path is tested without a GPU.
+
+    Each weight's part starts at a multiple of :data:`ALIGNMENT` bytes: the
+    vectors hold ``pads[i]`` unused elements (zeros) after weight ``i``, which a
+    flat update graph must cover (:func:`onnxgrad_sklearn.backends.standard.step_graph`).
+
+    Parameters
+    ----------
+    shapes : list of tuple of int
+        Shapes of the weights.
+    n_state : int
+        Number of state tensors per weight.
+    n_sets : int, default=2
+        Number of sets.
+    dtype : numpy dtype, default=numpy.float32
+        Type of the vectors.
+    device : str, default="cpu"
+        ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+    alignment : int, default=ALIGNMENT
+        Alignment of each weight's part in bytes (0: none).
+
+    Attributes
+    ----------
+    vectors : list of list of OrtValue
+        ``vectors[parity][k]``: vector ``k`` (0 the weights, then each state) of a set.
+    offsets, pads : list of int
+        Where each weight starts in a vector, and the unused elements after it.
+    size : int
+        Elements of each vector, padding included.
+    ort_device : OrtDevice
+        The runtime's device of the vectors.
+    current : int
+        The parity of the set that holds the current values.
+    """
+
+    def __init__(
+        self,
+        shapes: Sequence[Sequence[int]],
+        n_state: int,
+        n_sets: int = 2,
+        dtype=np.float32,
+        device: str = "cpu",
+        alignment: int = ALIGNMENT,
+    ):
+        self.dtype = np.dtype(dtype)
+        self.shapes = [tuple(int(d) for d in shape) for shape in shapes]
+        self.sizes = [math.prod(shape) for shape in self.shapes]
+        step = max(int(alignment) // self.dtype.itemsize, 1)
+        self.offsets, self.pads, offset = [], [], 0
+        for n in self.sizes:
+            self.offsets.append(offset)
+            padded = -(-n // step) * step
+            self.pads.append(padded - n)
+            offset += padded
+        self.size = offset
+        self.device = device
+        kind, index = parse_device(device)
+        self.ort_device = ort_device(
+            "CUDAExecutionProvider" if kind == "cuda" else "CPUExecutionProvider", index
+        )
+        new = bindings().OrtValue.ortvalue_from_shape_and_type
+        zeros = np.zeros(self.size, dtype=self.dtype)
+        try:
+            self.vectors = [
+                [new([self.size], self.dtype.type, self.ort_device) for _ in range(1 + n_state)]
+                for _ in range(n_sets)
+            ]
+            for vectors in self.vectors:
+                for vector in vectors:
+                    vector.update_inplace(zeros)  # the padding too: no garbage, ever
+        except RuntimeError as exc:
+            raise RuntimeError(
+                f"onnxruntime could not allocate the training buffers ({n_sets} x "
+                f"{1 + n_state} vectors of {self.size} {self.dtype}) on device={device!r}: "
+                f"{exc}. Check that the GPU is visible (nvidia-smi) and the device index, or "
+                "use device='cpu'."
+            ) from exc
+        self.n_state = n_state
+        self.current = 0
+
+    def _parity(self, parity) -> int:
+        return self.current if parity is None else parity
+
+    def address(self, parity, k: int, i: int | None = None) -> int:
+        """Address of vector ``k`` of a set, or of weight ``i``'s part of it."""
+        base = self.vectors[self._parity(parity)][k].data_ptr()
+        return base if i is None else base + self.offsets[i] * self.dtype.itemsize
+
+    def bind(self, binding, name: str, parity, k: int, i: int | None = None, output=False):
+        """Bind vector ``k`` of a set (``i=None``), or weight ``i``'s part of it, to ``name``.
+
+        ``parity=None``: the current set. Bound by address (:func:`bind_address`).
+        """
+        bind, args = self.binder(binding, name, parity, k, i, output)
+        bind(*args)
+
+    def binder(self, binding, name: str, parity, k: int, i: int | None = None, output=False):
+        """``(function, arguments)`` of what :meth:`bind` calls, to call again cheaply.
+
+        The addresses do not change: the vectors are allocated once.
+        """
+        shape = [self.size] if i is None else self.shapes[i]
+        address = self.address(parity, k, i)
+        bind = binding.bind_output if output else binding.bind_input
+        return bind, _address_args(name, self.ort_device, self.dtype, shape, address)
+
+    def host(self, k: int, parity: int | None = None) -> np.ndarray:
+        """A host copy of vector ``k`` of a set (the current one by default), padding included."""
+        # numpy() copies device memory to the host; on the CPU it is a view: copy it.
+        return np.array(self.vectors[self._parity(parity)][k].numpy(), copy=True)
+
+    def read(self, k: int, parity: int | None = None) -> list[np.ndarray]:
+        """Copies of each weight's part of vector ``k`` of a set (the current one by default)."""
+        vector = self.host(k, parity)
+        return [
+            vector[o : o + n].reshape(shape)
+            for o, n, shape in zip(self.offsets, self.sizes, self.shapes)
+        ]
+
+    def write(self, k: int, arrays, start: int = 0) -> None:
+        """Copy ``arrays`` (weights ``start``, ``start + 1``...) into vector ``k`` of this set."""
+        vector = self.host(k)
+        for o, n, array in zip(self.offsets[start:], self.sizes[start:], arrays):
+            vector[o : o + n] = np.asarray(array, dtype=self.dtype).reshape(-1)
+        self.vectors[self.current][k].update_inplace(vector)
+
+    def copy(self) -> list[np.ndarray]:
+        """Host copies of the current set's vectors (for :meth:`load`)."""
+        return [self.host(k) for k in range(1 + self.n_state)]
+
+    def load(self, saved: Sequence[np.ndarray]) -> None:
+        """Copy vectors returned by :meth:`copy` into the current set."""
+        for target, value in zip(self.vectors[self.current], saved):
+            target.update_inplace(np.ascontiguousarray(value, dtype=self.dtype))

@@ -294,3 +294,103 @@ def test_model_fitted_by_the_agent_continues_on_the_standard_backend(monkeypatch
     assert moved._engine.step == on_agent._engine.step
     np.testing.assert_allclose(moved.loss_curve_, on_agent.loss_curve_, rtol=1e-5)
     np.testing.assert_allclose(moved.predict(X), on_agent.predict(X), rtol=1e-4, atol=1e-5)
+
+
+# devices -----------------------------------------------------------------------
+@pytest.fixture
+def cuda_listed(monkeypatch):
+    """The runtime lists a CUDA provider (nothing runs on it in these tests)."""
+    import onnxruntime
+
+    available = onnxruntime.get_available_providers()
+    if "CUDAExecutionProvider" not in available:
+        monkeypatch.setattr(
+            onnxruntime, "get_available_providers", lambda: ["CUDAExecutionProvider", *available]
+        )
+
+
+def _training_graph(loss="squared_error"):
+    est = _mlp(max_iter=1, backend="standard", loss=loss)
+    est.fit(*_data(40))
+    return est._engine.training, est._engine.weight_names
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_auto_picks_the_standard_backend_on_cuda_without_the_training_build(
+    monkeypatch, cuda_listed, caplog, device
+):
+    training, names = _training_graph()
+    monkeypatch.setattr(backends_module, "agent_available", lambda: False)
+    with caplog.at_level(logging.INFO, logger="onnxgrad_sklearn"):
+        assert backends_module.choose_backend("auto", training, names, device) == "standard"
+    assert "backend: standard (onnxruntime-training is not installed)" in caplog.text
+    assert backends_module.choose_backend("standard", training, names, device) == "standard"
+    backends_module.check_backend("standard", device)
+
+
+def test_auto_picks_the_standard_backend_on_cuda_for_an_op_the_agent_lacks(
+    monkeypatch, cuda_listed
+):
+    monkeypatch.setattr(backends_module, "agent_available", lambda: True)
+    est = OrtGradientRegressor(LinearRegression(), loss=_loss("Cosh"), max_iter=1)
+    est.fit(*_data(40))
+    training, names = est._engine.training, est._engine.weight_names
+    assert backends_module.choose_backend("auto", training, names, "cuda") == "standard"
+    with pytest.raises(ValueError, match=r"backend='agent' cannot differentiate.*Cosh"):
+        backends_module.choose_backend("agent", training, names, "cuda")
+
+
+def test_an_explicit_agent_on_cuda_without_the_training_build_names_the_cuda_build(
+    monkeypatch, cuda_listed
+):
+    monkeypatch.setattr(backends_module, "agent_available", lambda: False)
+    with pytest.raises(
+        ValueError,
+        match=r"backend='agent' needs onnxruntime-training.*'standard'.*"
+        r"onnxruntime-training==1.19.2' \(CUDA 11.8",
+    ):
+        backends_module.check_backend("agent", "cuda:0")
+    with pytest.raises(ValueError, match=r"onnxruntime-training-cpu==1.19.2"):
+        backends_module.check_backend("agent", "cpu")
+
+
+def test_float64_on_cuda_is_refused_before_conversion(monkeypatch, cuda_listed):
+    import onnxgrad_sklearn._base as base_module
+
+    def no_conversion(*args, **kwargs):
+        raise AssertionError("converted before refusing")
+
+    monkeypatch.setattr(base_module, "convert_template", no_conversion)
+    for backend in ("auto", "standard"):
+        with pytest.raises(ValueError, match=r"float64.*CPU only.*device='cuda'.*float32"):
+            _mlp(device="cuda", dtype="float64", backend=backend).fit(*_data())
+    backends_module.check_backend("standard", "cpu", np.float64)
+
+
+def test_cuda_without_a_cuda_build_names_onnxruntime_gpu_for_the_standard_backend():
+    import onnxruntime
+
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        pytest.skip("a CUDA build is installed")
+    with pytest.raises(
+        ValueError, match=r"standard backend runs on CUDA with onnxruntime-gpu.*pip install"
+    ):
+        _mlp(device="cuda", backend="standard").fit(*_data())
+
+
+def test_a_session_that_lost_its_cuda_provider_is_refused(monkeypatch):
+    """onnxruntime falls back to the CPU (printing "EP Error") when CUDA fails to start."""
+    import onnxruntime
+
+    from onnxgrad_sklearn.runtime import make_session
+
+    class Fallen:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def get_providers(self):
+            return ["CPUExecutionProvider"]
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", Fallen)
+    with pytest.raises(RuntimeError, match=r"did not start its CUDAExecutionProvider.*nvidia-smi"):
+        make_session(b"", None, ["CUDAExecutionProvider", "CPUExecutionProvider"], [{}, {}])

@@ -8,7 +8,7 @@ Two backends run the training step of a fit:
 * ``"standard"`` (:mod:`.standard`): the gradient graph in standard ONNX
   operators from ``onnx_ad.reverse``, the update merged into it, one
   ``InferenceSession`` call per batch; any onnxruntime >= 1.20 (and the training
-  build's).
+  build's), on the CPU or, with onnxruntime-gpu, on CUDA.
 
 Both give the fit loop the methods of :class:`Backend`. A backend module is
 imported only when it is chosen (:func:`make_backend`): the agent's module is
@@ -32,6 +32,7 @@ from ..runtime import (
     ortvalue_view,
     run_with_ortvalues,
     session_options,
+    session_providers,
 )
 
 __all__ = [
@@ -138,7 +139,7 @@ def check_backend(backend: str, device: str, dtype=np.float32) -> None:
         The estimator's ``device``.
     dtype : numpy dtype, default=numpy.float32
         The training dtype: float64 trains on the standard backend only (the
-        TrainingAgent's gradient kernels are float32).
+        TrainingAgent's gradient kernels are float32), and on the CPU only.
 
     Raises
     ------
@@ -154,25 +155,28 @@ def check_backend(backend: str, device: str, dtype=np.float32) -> None:
                 "(or 'auto', which picks it for float64), or dtype='float32'."
             )
         if device_to_providers(device)[0][0] != "CPUExecutionProvider":
+            # Refused rather than untested: no test has run it on a GPU, and which
+            # operators have double CUDA kernels (the others fall back to the CPU)
+            # was not checked; consumer GPUs also run float64 products at 1/32 to
+            # 1/64 of the float32 rate.
             raise ValueError(
-                f"dtype='float64' trains on the standard backend, which runs on the CPU "
-                f"only in this version, and device={device!r} was asked for: use "
-                "device='cpu', or dtype='float32' (the TrainingAgent on CUDA)."
+                f"dtype='float64' trains on the CPU only in this version, and "
+                f"device={device!r} was asked for: use device='cpu', or dtype='float32' "
+                "(both backends train float32 on CUDA)."
             )
+    on_cpu = device_to_providers(device)[0][0] == "CPUExecutionProvider"
     if backend == "agent" and not agent_available():
         import onnxruntime
 
+        if on_cpu:
+            build = "'pip install onnxruntime-training-cpu==1.19.2' (Python <= 3.12)"
+        else:
+            build = "'pip install onnxruntime-training==1.19.2' (CUDA 11.8, Python <= 3.11)"
         raise ValueError(
             "backend='agent' needs onnxruntime-training (the TrainingAgent), but the "
             f"installed onnxruntime {onnxruntime.__version__} is the plain build. Use "
-            "backend='standard' (or 'auto'), or install the training build: 'pip uninstall "
-            "-y onnxruntime && pip install onnxruntime-training-cpu==1.19.2' (Python <= 3.12)."
-        )
-    if backend == "standard" and device_to_providers(device)[0][0] != "CPUExecutionProvider":
-        raise ValueError(
-            f"backend='standard' runs on the CPU only in this version, device={device!r} was "
-            "asked for: use device='cpu', or backend='agent' with onnxruntime-training's "
-            "CUDA build."
+            "backend='standard' (or 'auto'), which runs on it, or install the training build "
+            f"in its place: 'pip uninstall -y {' '.join(_installed_runtimes())}' then {build}."
         )
 
 
@@ -184,7 +188,7 @@ def choose_backend(
     ``"auto"`` picks the TrainingAgent where the training build is installed and
     its gradient builder knows every operator on the differentiated path, and the
     standard backend otherwise (always for a float64 training graph: the agent's
-    kernels are float32); the choice is logged at INFO.
+    kernels are float32), on the CPU as on CUDA; the choice is logged at INFO.
 
     Parameters
     ----------
@@ -219,7 +223,6 @@ def choose_backend(
                 "or write the loss with other operators."
             )
         return backend
-    on_cpu = device_to_providers(device)[0][0] == "CPUExecutionProvider"
     if not agent_available():
         reason = "onnxruntime-training is not installed"
     elif unsupported:
@@ -227,13 +230,14 @@ def choose_backend(
     else:
         logger.info("backend: agent (onnxruntime-training is installed)")
         return "agent"
-    if not on_cpu:
-        raise ValueError(
-            f"device={device!r} needs the TrainingAgent backend in this version, but {reason}; "
-            "use device='cpu' (the standard backend runs on the CPU)."
-        )
     logger.info("backend: standard (%s)", reason)
     return "standard"
+
+
+def _installed_runtimes() -> list[str]:
+    from ..runtime import _installed_distributions
+
+    return _installed_distributions() or ["onnxruntime"]
 
 
 def _is_double(training: onnx.ModelProto) -> bool:
@@ -313,6 +317,8 @@ class Backend:
         self.optimizer = optimizer
         self.device = device
         self.providers, self.device_index = device_to_providers(device)
+        # read now, at fit time: every session of this fit (CUDA: device_id, use_tf32)
+        _, self.provider_options = session_providers(device)
         self.options = session_options() if options is None else options
         self.update_options = session_options(1) if update_options is None else update_options
         self.step = 0
@@ -439,6 +445,7 @@ class Backend:
                 weights_as_inputs(self.model, self.weight_names).SerializeToString(),
                 sess_options=self.options,
                 providers=self.providers,
+                provider_options=self.provider_options,
             )
         names = [i.name for i in self._predict.get_inputs()]
         X = np.ascontiguousarray(X, dtype=self.dtype)

@@ -33,6 +33,7 @@ from ..runtime import (
     device_to_providers,
     ort_device,
     run_with_ortvalues,
+    session_providers,
     to_ortvalue,
 )
 from . import Backend
@@ -101,6 +102,9 @@ class TrainingAgent:
         Device index for CUDA.
     session_options : onnxruntime.SessionOptions, optional
         Options of the underlying session.
+    provider_options : list of dict, optional
+        One dict of options per provider (``runtime.session_providers``: on CUDA
+        ``device_id`` and ``use_tf32``).
     """
 
     def __init__(
@@ -112,10 +116,14 @@ class TrainingAgent:
         providers: Sequence[str] = ("CPUExecutionProvider",),
         device_index: int = 0,
         session_options: onnxruntime.SessionOptions | None = None,
+        provider_options: Sequence[dict] | None = None,
     ):
         providers = list(providers)
         self.session = onnxruntime.InferenceSession(
-            model_bytes, sess_options=session_options, providers=providers
+            model_bytes,
+            sess_options=session_options,
+            providers=providers,
+            provider_options=provider_options,
         )
         device = ort_device(providers[0], device_index)
         # One device per forward output: a wrong count aborts the process in
@@ -211,6 +219,10 @@ class OrtGradientForwardBackward:
         ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
     session_options : onnxruntime.SessionOptions, optional
         Options for both sessions (threads, optimisation level).
+    provider_options : list of dict, optional
+        Options of each provider of ``device``; by default
+        ``runtime.session_providers(device)`` (on CUDA ``device_id`` and
+        ``use_tf32`` as the package's settings say).
 
     Attributes
     ----------
@@ -236,6 +248,7 @@ class OrtGradientForwardBackward:
         input_names_require_grad: Sequence[str] = (),
         device: str = "cpu",
         session_options: onnxruntime.SessionOptions | None = None,
+        provider_options: Sequence[dict] | None = None,
     ):
         model = onnx.ModelProto()
         model.CopyFrom(onnx_model)
@@ -244,6 +257,9 @@ class OrtGradientForwardBackward:
         self.input_names_require_grad = list(input_names_require_grad)
         self.device = device
         self.providers, self.device_index = device_to_providers(device)
+        if provider_options is None:
+            provider_options = session_providers(device)[1]
+        self.provider_options = list(provider_options)
         self._check_weights(model)
         initializer_names = [i.name for i in model.graph.initializer]
         self.input_names = [i.name for i in model.graph.input if i.name not in initializer_names]
@@ -300,6 +316,7 @@ class OrtGradientForwardBackward:
             providers=self.providers,
             device_index=self.device_index,
             session_options=session_options,
+            provider_options=self.provider_options,
         )
         self._n_user_outputs = len(self.graph_info.user_output_names)
         self._forward_bytes = forward_bytes
@@ -408,7 +425,10 @@ class OrtGradientForwardBackward:
         """Session on the forward graph with the weights as inputs (made on first use)."""
         if self._eval_session is None:
             self._eval_session = onnxruntime.InferenceSession(
-                self._forward_bytes, sess_options=self._session_options, providers=self.providers
+                self._forward_bytes,
+                sess_options=self._session_options,
+                providers=self.providers,
+                provider_options=self.provider_options,
             )
         return self._eval_session
 
@@ -429,7 +449,11 @@ class AgentBackend(Backend):
     def __init__(self, training, model, output_name, weight_names, start, optimizer, **kwargs):
         super().__init__(training, model, output_name, weight_names, start, optimizer, **kwargs)
         self.forward_backward = OrtGradientForwardBackward(
-            training, self.weight_names, device=self.device, session_options=self.options
+            training,
+            self.weight_names,
+            device=self.device,
+            session_options=self.options,
+            provider_options=self.provider_options,
         )
         flat = self.device == "cpu" and optimizer.elementwise
         update_model = optimizer.build_update_model(self.shapes, flat=flat)
@@ -439,6 +463,7 @@ class AgentBackend(Backend):
             update_model.SerializeToString(),
             sess_options=self.update_options,
             providers=self.providers,
+            provider_options=self.provider_options,
         )
         self._update_inputs = [i.name for i in self._update.get_inputs()]
         self._one = to_ortvalue(np.array(1.0, dtype=np.float32), self.device)

@@ -7,10 +7,12 @@ passes of :mod:`onnxgrad_sklearn._passes` follow: the seed made a constant,
 nodes no output needs removed, seed-axis transposes made reshapes, batch sums
 made matrix products, and the optimizer's update rule merged in. One call of
 the session through IO binding then runs forward, loss, backward and update,
-reading one set of :class:`~onnxgrad_sklearn.runtime.DoubleBuffers` and writing
-another: nothing is allocated per batch and undoing the last step is free. Three
-sets are kept: the update is written before its loss is known, so a batch with a
-non-finite loss must not overwrite the set the undo goes back to.
+reading one set of :class:`~onnxgrad_sklearn.runtime.DoubleBuffers` (CPU) or
+:class:`~onnxgrad_sklearn.runtime.DeviceBuffers` (CUDA: device memory bound by
+address) and writing another: nothing is allocated per batch and undoing the
+last step is free. Three sets are kept: the update is written before its loss is
+known, so a batch with a non-finite loss must not overwrite the set the undo
+goes back to.
 """
 
 from __future__ import annotations
@@ -43,10 +45,24 @@ from .._passes import (
     rewrite_unit_transposes,
     static_shapes,
 )
-from ..runtime import BoundRun, DoubleBuffers, ortvalue_view, run_with_ortvalues
+from ..runtime import (
+    DeviceBuffers,
+    DoubleBuffers,
+    bindings,
+    make_session,
+    ort_device,
+    ortvalue_view,
+    to_ortvalue,
+)
 from . import Backend, warn_zero_derivatives
 
-__all__ = ["StandardBackend", "gradient_graph", "step_graph", "unsupported_ops"]
+__all__ = [
+    "DEVICE_BUFFERS_ON_CPU",
+    "StandardBackend",
+    "gradient_graph",
+    "step_graph",
+    "unsupported_ops",
+]
 
 logger = logging.getLogger("onnxgrad_sklearn")
 
@@ -62,6 +78,10 @@ UPDATE = "update/"
 DOUBLE_DISABLED_OPTIMIZERS = ["MatmulTransposeFusion", "MatMulScaleFusion"]
 #: Graphs kept per kind (batch sizes); a fit meets one or two.
 _CACHED = 4
+#: Train CPU fits through the device code path (:class:`~onnxgrad_sklearn.runtime.DeviceBuffers`
+#: in runtime memory, bound by address, everything rebound at each call) instead of
+#: numpy buffers: the code CUDA runs, for tests on machines without a GPU.
+DEVICE_BUFFERS_ON_CPU = False
 
 
 def _weights_as_inputs(training, weight_names):
@@ -165,7 +185,13 @@ def _simplify(model: onnx.ModelProto) -> None:
 
 
 def step_graph(
-    graph: onnx.ModelProto, weight_names, shapes, optimizer, batch: int, targets: int | None = None
+    graph: onnx.ModelProto,
+    weight_names,
+    shapes,
+    optimizer,
+    batch: int,
+    targets: int | None = None,
+    pads=None,
 ) -> tuple[onnx.ModelProto, bool]:
     """Return the fused training step for one batch size, and whether it updates flat vectors.
 
@@ -174,16 +200,36 @@ def step_graph(
     to end) and ``update/<state>`` vectors, else ``update/<state>_<i>`` per weight.
     Outputs: ``loss`` and ``update/new_param`` / ``update/new_<state>`` (flat) or
     ``update/new_param_<i>`` / ``update/new_<state>_<i>`` (per weight).
+
+    ``pads[i]`` (flat rules only): unused elements after weight ``i`` in the
+    vectors (:class:`~onnxgrad_sklearn.runtime.DeviceBuffers` aligns each weight);
+    their gradient is zero, so an element-wise rule leaves them as they are.
     """
     grad = gradient_graph(graph, weight_names, batch, targets)
     adjoints = [o.name for o in grad.graph.output[1:]]
     del grad.graph.output[1:]
     flat = bool(optimizer.elementwise)
     dtype = model_dtype(graph)
+    layout = list(shapes)
+    if flat and pads is not None and any(pads):
+        # the padding as weights of their own, between the real ones
+        layout, sources = [], []
+        for a, shape, pad in zip(adjoints, shapes, pads):
+            layout.append(shape)
+            sources.append(a)
+            if pad:
+                zeros = f"padding_gradient_{pad}"
+                if zeros not in {init.name for init in grad.graph.initializer}:
+                    grad.graph.initializer.append(
+                        onnx.numpy_helper.from_array(np.zeros(pad, dtype=dtype), zeros)
+                    )
+                layout.append((pad,))
+                sources.append(zeros)
+        adjoints = sources
     if dtype == np.float32:  # an optimizer of its own may not take a dtype
-        update = optimizer.build_update_model(shapes, flat=flat)
+        update = optimizer.build_update_model(layout, flat=flat)
     else:
-        update = optimizer.build_update_model(shapes, flat=flat, dtype=dtype)
+        update = optimizer.build_update_model(layout, flat=flat, dtype=dtype)
     if flat:
         # the flat rule reshapes each gradient to a vector itself
         connect = {f"grad_{i}": a for i, a in enumerate(adjoints)}
@@ -202,21 +248,39 @@ def step_graph(
     return grad, flat
 
 
+class _StepRun:
+    """One (read set, write set) pair of the fused step: its session and IO binding."""
+
+    __slots__ = ("binding", "flat", "inputs", "read", "session", "write")
+
+    def __init__(self, session, binding, flat: bool, read: int, write: int):
+        self.session, self.binding, self.flat = session, binding, flat
+        self.read, self.write = read, write
+        #: ``(function, arguments)`` binding each input the step reads (not the batch)
+        self.inputs: list = []
+
+
 class StandardBackend(Backend):
     """The training step in one ``InferenceSession`` call: forward, loss, backward, update.
 
-    See :class:`~onnxgrad_sklearn.backends.Backend` for the parameters. CPU only
-    in this version.
+    See :class:`~onnxgrad_sklearn.backends.Backend` for the parameters. On the
+    CPU the weights and optimizer state live in numpy memory
+    (:class:`~onnxgrad_sklearn.runtime.DoubleBuffers`); on CUDA in device memory
+    (:class:`~onnxgrad_sklearn.runtime.DeviceBuffers`, bound by address), where
+    they stay from batch to batch: only the batch and the learning rate go to
+    the device, and the loss comes back. :data:`DEVICE_BUFFERS_ON_CPU` runs a
+    CPU fit through the device code.
     """
 
     name = "standard"
 
     def __init__(self, training, model, output_name, weight_names, start, optimizer, **kwargs):
         super().__init__(training, model, output_name, weight_names, start, optimizer, **kwargs)
-        if self.providers[0] != "CPUExecutionProvider":
+        on_device = self.providers[0] != "CPUExecutionProvider"
+        if on_device and self.dtype == np.float64:
             raise ValueError(
-                f"backend='standard' runs on the CPU only in this version, got device="
-                f"{self.device!r}: use device='cpu', or backend='agent'."
+                f"backend='standard' trains in float64 on the CPU only, device={self.device!r} "
+                "was asked for: use dtype='float32' on CUDA, or device='cpu'."
             )
         self.training_model = pin_versions(_weights_as_inputs(training, self.weight_names))
         # The width of the targets is taken from the batches (the classifier's binary
@@ -240,15 +304,34 @@ class StandardBackend(Backend):
             self.training_model, self.weight_names, 1, 1
         )  # refuses what onnx-ad cannot do
         warn_zero_derivatives(training, self.weight_names)
-        self._buffers = DoubleBuffers(
-            self.shapes, len(optimizer.state_names), n_sets=3, dtype=self.dtype
-        )
+        n_state = len(optimizer.state_names)
+        #: Whether the buffers are runtime memory bound by address (CUDA, or the CPU
+        #: through the same code), rather than numpy memory bound as OrtValue views.
+        self.device_buffers = on_device or DEVICE_BUFFERS_ON_CPU
+        if self.device_buffers:
+            self._buffers = DeviceBuffers(
+                self.shapes, n_state, n_sets=3, dtype=self.dtype, device=self.device
+            )
+        else:
+            self._buffers = DoubleBuffers(self.shapes, n_state, n_sets=3, dtype=self.dtype)
         self._buffers.write(0, start)
+        # The batches (X, y, sample_weight) and the learning rate are CPU values on every
+        # device, bound as OrtValue views of their numpy memory: onnxruntime copies a CPU
+        # input of a CUDA session to the device when it is bound (IOBinding::BindInput
+        # copies inputs across devices then, not at each run). Chosen over device staging
+        # buffers copied into once per batch: that bind is the one copy a batch needs
+        # anyway, there is no device buffer per batch size to keep, and on the CPU the
+        # same code copies nothing. Because the copy is made at bind time, the device path
+        # binds them, and the weights and state, anew at every call (see train_batch).
+        # The loss, bound once as a CPU output, is copied back at the end of each run:
+        # the one host round trip of a batch.
         self._lr_array = np.zeros((), dtype=self.dtype)
         self._lr = ortvalue_view(self._lr_array)
         self._loss_array = np.zeros((), dtype=self.dtype)
         self._loss = ortvalue_view(self._loss_array)
-        self._steps: OrderedDict = OrderedDict()  # batch size -> (run of set 0, run of set 1)
+        self._cpu = ort_device("CPUExecutionProvider", 0)
+        self._run_options = onnxruntime.RunOptions()
+        self._steps: OrderedDict = OrderedDict()  # (batch, targets) -> {(read, write): run}
         self._bound: dict = {}  # run -> (address, shape, dtype) of the batch it has bound
         self._gradients: OrderedDict = OrderedDict()  # batch size -> session
         self._forward = None
@@ -258,18 +341,37 @@ class StandardBackend(Backend):
     # storage -------------------------------------------------------------
     @property
     def weights(self):
+        """The current weights as ``OrtValue`` objects: views on the CPU, CPU copies otherwise."""
+        if self.device_buffers:
+            return [to_ortvalue(w) for w in self._buffers.read(0)]
         return self._buffers.weights()
 
     @property
     def state(self):
+        """The optimizer state as ``OrtValue`` objects (as :attr:`weights`)."""
+        if self.device_buffers:
+            per_k = [self._buffers.read(1 + k) for k in range(self._buffers.n_state)]
+            return [[to_ortvalue(s[i]) for s in per_k] for i in range(len(self.shapes))]
         return self._buffers.state()
+
+    def get_weights(self):
+        return self._buffers.read(0)
+
+    def get_state(self):
+        per_k = [self._buffers.read(1 + k) for k in range(self._buffers.n_state)]
+        return {
+            "step": self.step,
+            "state_names": list(self.optimizer.state_names),
+            "weight_names": list(self.weight_names),
+            "state": [[s[i] for s in per_k] for i in range(len(self.shapes))],
+        }
 
     def _load_state(self, per_weight) -> None:
         for k in range(len(self.optimizer.state_names)):
             self._buffers.write(1 + k, [st[k] for st in per_weight])
 
     def checkpoint(self):
-        """Return a copy of the current weights and optimizer state."""
+        """Return a copy of the current weights and optimizer state (host memory)."""
         return self._buffers.copy(), None, self.step
 
     def restore(self, checkpoint) -> None:
@@ -292,10 +394,11 @@ class StandardBackend(Backend):
         # onnxruntime fuses Transpose + MatMul into com.microsoft.FusedMatMul, whose
         # CPU kernel is float32 only: a double graph would fail to load.
         disabled = DOUBLE_DISABLED_OPTIMIZERS if self.dtype == np.float64 else None
-        return onnxruntime.InferenceSession(
-            model.SerializeToString(),
-            sess_options=self.options,
-            providers=self.providers,
+        return make_session(
+            model,
+            self.options,
+            self.providers,
+            self.provider_options,
             disabled_optimizers=disabled,
         )
 
@@ -311,33 +414,63 @@ class StandardBackend(Backend):
 
     def _make_step(self, batch: int, targets: int):
         model, flat = step_graph(
-            self.training_model, self.weight_names, self.shapes, self.optimizer, batch, targets
+            self.training_model,
+            self.weight_names,
+            self.shapes,
+            self.optimizer,
+            batch,
+            targets,
+            pads=self._buffers.pads,
         )
         logger.debug(
             "standard backend: step graph for batch %d, %d nodes", batch, len(model.graph.node)
         )
         session = self._session(model)
-        b = self._buffers
-        names = self.optimizer.state_names
         runs = {}
         for p, q in itertools.permutations(range(3), 2):  # read set p, write set q
-            inputs = {UPDATE + "learning_rate": self._lr}
-            inputs.update(zip(self.weight_names, b.tensors[p][0]))
-            outputs = {LOSS: self._loss}
-            if flat:
-                inputs[UPDATE + "param"] = b.vectors[p][0]
-                outputs[UPDATE + "new_param"] = b.vectors[q][0]
-                for k, name in enumerate(names):
-                    inputs[UPDATE + name] = b.vectors[p][1 + k]
-                    outputs[UPDATE + f"new_{name}"] = b.vectors[q][1 + k]
-            else:
-                for i in range(len(self.shapes)):
-                    outputs[UPDATE + f"new_param_{i}"] = b.tensors[q][0][i]
-                    for k, name in enumerate(names):
-                        inputs[UPDATE + f"{name}_{i}"] = b.tensors[p][1 + k][i]
-                        outputs[UPDATE + f"new_{name}_{i}"] = b.tensors[q][1 + k][i]
-            runs[p, q] = BoundRun(session, inputs, outputs)
+            binding = bindings().SessionIOBinding(session._sess)
+            run = runs[p, q] = _StepRun(session, binding, flat, p, q)
+            run.inputs = self._step_inputs(run)
+            self._bind_step(run)
+            self._bind_step_outputs(run)
         return runs
+
+    def _step_inputs(self, run: _StepRun) -> list:
+        """What the step reads: the weights and state of set ``run.read``, the rate."""
+        b, binding, p = self._buffers, run.binding, run.read
+        inputs = [(binding.bind_ortvalue_input, (UPDATE + "learning_rate", self._lr))]
+        for i, name in enumerate(self.weight_names):
+            inputs.append(b.binder(binding, name, p, 0, i))
+        names = self.optimizer.state_names
+        if run.flat:
+            inputs.append(b.binder(binding, UPDATE + "param", p, 0))
+            for k, name in enumerate(names):
+                inputs.append(b.binder(binding, UPDATE + name, p, 1 + k))
+        else:
+            for i in range(len(self.shapes)):
+                for k, name in enumerate(names):
+                    inputs.append(b.binder(binding, UPDATE + f"{name}_{i}", p, 1 + k, i))
+        return inputs
+
+    @staticmethod
+    def _bind_step(run: _StepRun) -> None:
+        for bind, args in run.inputs:
+            bind(*args)
+
+    def _bind_step_outputs(self, run: _StepRun) -> None:
+        """Bind what the step writes: the loss, and set ``run.write`` (bound once)."""
+        b, binding, q = self._buffers, run.binding, run.write
+        binding.bind_ortvalue_output(LOSS, self._loss)
+        names = self.optimizer.state_names
+        if run.flat:
+            b.bind(binding, UPDATE + "new_param", q, 0, output=True)
+            for k, name in enumerate(names):
+                b.bind(binding, UPDATE + f"new_{name}", q, 1 + k, output=True)
+        else:
+            for i in range(len(self.shapes)):
+                b.bind(binding, UPDATE + f"new_param_{i}", q, 0, i, output=True)
+                for k, name in enumerate(names):
+                    b.bind(binding, UPDATE + f"new_{name}_{i}", q, 1 + k, i, output=True)
 
     def _make_gradients(self, batch: int, targets: int):
         model = gradient_graph(self.training_model, self.weight_names, batch, targets)
@@ -364,6 +497,24 @@ class StandardBackend(Backend):
         sample_weight = np.ascontiguousarray(sample_weight, dtype=self.dtype)
         return X, y, sample_weight
 
+    def _run(self, session, binding) -> None:
+        session._sess.run_with_iobinding(binding, self._run_options)
+        if self.device_buffers:
+            binding.synchronize_outputs()  # the device's work done before the host reads
+
+    def _run_once(self, session, arrays: dict, output_names) -> list[np.ndarray]:
+        """Run ``session`` on CPU ``arrays`` (by name) and the current weights; host outputs."""
+        binding = bindings().SessionIOBinding(session._sess)
+        views = {name: ortvalue_view(np.ascontiguousarray(a)) for name, a in arrays.items()}
+        for name, value in views.items():
+            binding.bind_ortvalue_input(name, value)
+        for i, name in enumerate(self.weight_names):
+            self._buffers.bind(binding, name, None, 0, i)
+        for name in output_names:
+            binding.bind_output(name, self._cpu)
+        self._run(session, binding)
+        return [value.numpy().copy() for value in binding.get_outputs()]
+
     # passes ------------------------------------------------------------------
     def train_batch(self, X, y, sample_weight, learning_rate):
         key = X.shape[0], y.shape[1]
@@ -374,7 +525,19 @@ class StandardBackend(Backend):
         target = 3 - b.current - before
         self._lr_array[...] = self.optimizer.step_learning_rate(learning_rate, self.step + 1)
         run = runs[b.current, target]
-        run.run(self._batch_feeds(run, (X, y, sample_weight)))
+        arrays = (X, y, sample_weight)
+        if self.device_buffers:
+            # Everything the step reads, bound anew (see __init__): a weight whose
+            # consumer onnxruntime placed on the CPU (a kernel the CUDA provider lacks)
+            # would otherwise be read from the copy made when it was first bound.
+            self._bind_step(run)
+            views = [ortvalue_view(a) for a in arrays]  # alive until the run returns
+            for name, value in zip(self.input_names, views):
+                run.binding.bind_ortvalue_input(name, value)
+        else:
+            for name, value in self._batch_feeds(run, arrays).items():
+                run.binding.bind_ortvalue_input(name, value)
+        self._run(run.session, run.binding)
         loss = float(self._loss_array)
         if not np.isfinite(loss):
             return loss  # the other set holds what the update made of it: not used
@@ -384,7 +547,7 @@ class StandardBackend(Backend):
         return loss
 
     def _batch_feeds(self, run, arrays):
-        """The batch inputs ``run`` must bind: none when it reads these very buffers.
+        """The batch inputs ``run`` must bind (CPU): none when it reads these very buffers.
 
         The fit loop gathers shuffled batches into the same buffers: their
         ``OrtValue`` views are bound once, not at every batch.
@@ -393,21 +556,33 @@ class StandardBackend(Backend):
         if self._bound.get(run) == key:
             return {}
         self._bound[run] = key
-        return dict(zip(self.input_names, (self._feed(a) for a in arrays)))
+        return dict(zip(self.input_names, (ortvalue_view(a) for a in arrays)))
 
     def loss(self, X, y, sample_weight):
         if self._forward is None:
             self._forward = self._session(self.training_model)
-        arrays = self._feeds(X, y, sample_weight)
-        feeds = [self._feed(a) for a in arrays] + list(self.weights)
-        names = self.input_names + self.weight_names
-        return float(run_with_ortvalues(self._forward, names, feeds, [LOSS])[0].numpy())
+        arrays = dict(zip(self.input_names, self._feeds(X, y, sample_weight)))
+        return float(self._run_once(self._forward, arrays, [LOSS])[0])
 
     def loss_and_gradients(self, X, y, sample_weight):
         arrays = self._feeds(X, y, sample_weight)
         key = arrays[0].shape[0], arrays[1].shape[1]
         session = self._cached(self._gradients, key, lambda: self._make_gradients(*key))
-        feeds = [self._feed(a) for a in arrays] + list(self.weights)
-        names = self.input_names + self.weight_names
-        out = run_with_ortvalues(session, names, feeds)
-        return float(out[0].numpy()), [g.numpy().copy() for g in out[1:]]
+        outputs = [o.name for o in session.get_outputs()]
+        out = self._run_once(session, dict(zip(self.input_names, arrays)), outputs)
+        return float(out[0]), out[1:]
+
+    def is_finite(self, X, y, sample_weight) -> bool:
+        if not all(np.isfinite(w).all() for w in self.get_weights()):
+            return False
+        return bool(np.isfinite(self.loss(X, y, sample_weight)))
+
+    def predict(self, X) -> np.ndarray:
+        if self._predict is None:
+            from ..engine import weights_as_inputs
+
+            self._predict = self._session(weights_as_inputs(self.model, self.weight_names))
+        weights = set(self.weight_names)
+        names = [i.name for i in self._predict.get_inputs() if i.name not in weights]
+        X = np.ascontiguousarray(X, dtype=self.dtype)
+        return self._run_once(self._predict, {names[0]: X}, [self.output_name])[0]
