@@ -268,6 +268,17 @@ class _LinearFamily(Family):
             est.coef_ = np.zeros(n_features) if single else np.zeros((n_outputs, n_features))
             est.intercept_ = np.float64(0.0) if single else np.zeros(n_outputs)
 
+    def conversion(self, name, value, est, n_samples):
+        """A penalty setting: the template's own penalty (:meth:`penalty`) at full batch."""
+        if name not in self.penalty_settings:
+            return None
+        alpha, l1_ratio = self.penalty(est, n_samples, n_samples)
+        return _penalty_advice(alpha, l1_ratio, self.penalty_why(est, n_samples))
+
+    def penalty_why(self, est, n_samples: int) -> str:
+        """How the template's penalty becomes ``alpha``, for the advice of :meth:`conversion`."""
+        return f"{type(est).__name__}'s alpha times n_samples={n_samples}"
+
     def _linear_view(self, est):
         from sklearn.linear_model import LinearRegression
 
@@ -300,16 +311,11 @@ class _LeastSquares(_LinearFamily):
         cls = type(est).__name__
         return _cv_unknown(est) if cls.startswith(("Ridge", "Lasso", "ElasticNet")) else None
 
-    def conversion(self, name, value, est, n_samples):
+    def penalty_why(self, est, n_samples):
         cls = type(est).__name__
-        if name == "alpha" and cls.startswith("Ridge"):
-            return _penalty_advice(value, 0.0, f"{cls}'s alpha is this alpha")
-        if name in ("alpha", "l1_ratio") and cls in ("Lasso", "ElasticNet", "LassoLars"):
-            ratio = 1.0 if cls.startswith("Lasso") else float(est.l1_ratio)
-            return _penalty_advice(
-                est.alpha * n_samples, ratio, f"{cls}'s alpha times n_samples={n_samples}"
-            )
-        return None
+        if cls.startswith("Ridge"):
+            return f"{cls}'s alpha is this alpha"
+        return super().penalty_why(est, n_samples)
 
 
 class _SGDRegressor(_LinearFamily):
@@ -335,7 +341,7 @@ class _SGDRegressor(_LinearFamily):
         est.intercept_ = np.zeros(1)
 
     def conversion(self, name, value, est, n_samples):
-        return _sgd_conversion(name, value, est, n_samples)
+        return _sgd_conversion(self, name, value, est, n_samples)
 
     def penalty(self, est, n_samples, rows):
         return _sgd_penalty(est, rows)
@@ -349,15 +355,10 @@ def _sgd_penalty(est, rows):
     return _mean_form(est.alpha, ratio, rows)
 
 
-def _sgd_conversion(name, value, est, n_samples):
-    if name in ("alpha", "penalty", "l1_ratio"):
-        if est.penalty is None:
-            return "alpha=0.0 (no penalty)"
-        alpha, ratio = _sgd_penalty(est, n_samples)  # at full batch
-        return _penalty_advice(alpha, ratio, f"{type(est).__name__}'s alpha times n_samples")
+def _sgd_conversion(family, name, value, est, n_samples):
     if name == "eta0":
         return "learning_rate_init= (the step size of the estimator's optimizer)"
-    return _SAME_NAME.get(name)
+    return _LinearFamily.conversion(family, name, value, est, n_samples) or _SAME_NAME.get(name)
 
 
 class _HuberRegressor(_LinearFamily):
@@ -371,10 +372,8 @@ class _HuberRegressor(_LinearFamily):
     def penalty(self, est, n_samples, rows):  # sum of losses + alpha ||w||^2
         return _mean_form(2 * est.alpha / n_samples, 0.0, rows)
 
-    def conversion(self, name, value, est, n_samples):
-        if name == "alpha":
-            return _penalty_advice(2 * value, 0.0, "twice HuberRegressor's alpha")
-        return None
+    def penalty_why(self, est, n_samples):
+        return "twice HuberRegressor's alpha"
 
 
 class _QuantileRegressor(_LinearFamily):
@@ -388,21 +387,15 @@ class _QuantileRegressor(_LinearFamily):
     def penalty(self, est, n_samples, rows):  # mean pinball loss + alpha ||w||_1
         return _mean_form(est.alpha, 1.0, rows)
 
-    def conversion(self, name, value, est, n_samples):
-        if name == "alpha":
-            return _penalty_advice(
-                value * n_samples, 1.0, f"QuantileRegressor's alpha times n_samples={n_samples}"
-            )
-        return None
-
 
 def _c_penalty(C, n_samples, rows, ratio=0.0):
     """C * sum of losses + P(w): mean loss + P(w) / (C n)."""
     return _mean_form(1.0 / (np.asarray(C, dtype=float) * n_samples), ratio, rows)
 
 
-def _c_advice(est):
-    return _penalty_advice(1.0 / est.C, 0.0, f"alpha = 1 / C for {type(est).__name__}")
+def _c_why(est, liblinear=False):
+    why = f"alpha = 1 / C for {type(est).__name__}"
+    return why + ("; liblinear also penalises the intercept, this does not" if liblinear else "")
 
 
 class _LinearSVR(_LinearFamily):
@@ -416,10 +409,8 @@ class _LinearSVR(_LinearFamily):
     def penalty(self, est, n_samples, rows):
         return _c_penalty(est.C, n_samples, rows)
 
-    def conversion(self, name, value, est, n_samples):
-        if name == "C":
-            return _c_advice(est) + "; liblinear also penalises the intercept, this does not"
-        return None
+    def penalty_why(self, est, n_samples):
+        return _c_why(est, liblinear=True)
 
 
 class _GLM(_LinearFamily):
@@ -458,13 +449,6 @@ class _GLM(_LinearFamily):
     def penalty(self, est, n_samples, rows):  # mean half deviance + alpha / 2 ||w||^2
         return _mean_form(est.alpha, 0.0, rows)
 
-    def conversion(self, name, value, est, n_samples):
-        if name == "alpha":
-            return _penalty_advice(
-                value * n_samples, 0.0, f"{type(est).__name__}'s alpha times n_samples"
-            )
-        return None
-
 
 class _LinearClassifier(_LinearFamily):
     """Linear classifiers: the logits ``X @ coef_.T + intercept_`` are trained."""
@@ -501,12 +485,8 @@ class _LogisticRegression(_LinearClassifier):
     def penalty_unknown(self, est):
         return _cv_unknown(est, "C_")
 
-    def conversion(self, name, value, est, n_samples):
-        if name == "C":
-            return _c_advice(est)
-        if name == "l1_ratio":
-            return _penalty_advice(1.0 / est.C, value, "alpha = 1 / C, the same l1_ratio")
-        return None
+    def penalty_why(self, est, n_samples):
+        return _c_why(est)
 
 
 class _SGDClassifier(_LinearClassifier):
@@ -527,7 +507,7 @@ class _SGDClassifier(_LinearClassifier):
         return est.loss in ("log_loss", "modified_huber")
 
     def conversion(self, name, value, est, n_samples):
-        return _sgd_conversion(name, value, est, n_samples)
+        return _sgd_conversion(self, name, value, est, n_samples)
 
     def penalty(self, est, n_samples, rows):
         return _sgd_penalty(est, rows)
@@ -582,10 +562,8 @@ class _LinearSVC(_LinearClassifier):
     def penalty(self, est, n_samples, rows):
         return _c_penalty(est.C, n_samples, rows)
 
-    def conversion(self, name, value, est, n_samples):
-        if name == "C":
-            return _c_advice(est) + "; liblinear also penalises the intercept, this does not"
-        return None
+    def penalty_why(self, est, n_samples):
+        return _c_why(est, liblinear=True)
 
 
 class _RidgeClassifier(_LinearClassifier):
@@ -611,10 +589,8 @@ class _RidgeClassifier(_LinearClassifier):
     def penalty_unknown(self, est):
         return _cv_unknown(est)
 
-    def conversion(self, name, value, est, n_samples):
-        if name == "alpha":
-            return _penalty_advice(value, 0.0, "RidgeClassifier's alpha is this alpha")
-        return None
+    def penalty_why(self, est, n_samples):
+        return f"{type(est).__name__}'s alpha is this alpha"
 
 
 def _scores_export_options(dtype):

@@ -10,8 +10,10 @@ from _helpers import rel_error
 from sklearn.datasets import load_breast_cancer, load_diabetes, load_iris, make_classification
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import (
+    ElasticNet,
     GammaRegressor,
     HuberRegressor,
+    Lasso,
     LinearRegression,
     LogisticRegression,
     Perceptron,
@@ -516,3 +518,40 @@ def test_partial_fit_takes_a_new_alpha_and_keeps_the_templates_rows():
     est.set_params(alpha=0.5).partial_fit(X, y)
     assert est._penalty == (0.5, 0.0)
     assert est._engine is not engine  # the penalty is part of the training graph
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        Ridge(alpha=3.0),
+        Lasso(alpha=0.1),
+        ElasticNet(alpha=0.1, l1_ratio=0.3),
+        SGDRegressor(alpha=0.01, penalty="elasticnet"),
+        SGDClassifier(alpha=0.01, penalty="l1"),
+        Perceptron(penalty="l2", alpha=0.01),
+        HuberRegressor(alpha=0.5),
+        QuantileRegressor(alpha=0.1),
+        LogisticRegression(C=0.5),
+        LogisticRegression(C=0.5, penalty="elasticnet", l1_ratio=0.4, solver="saga"),
+        LinearSVC(C=0.5),
+        LinearSVR(C=0.5),
+        PoissonRegressor(alpha=0.1),
+        RidgeClassifier(alpha=2.0),
+    ],
+    ids=lambda t: f"{type(t).__name__}({t.get_params().get('penalty', '')})",
+)
+def test_the_penalty_advice_is_the_penalty_alpha_auto_trains(template):
+    """The warning's advice for a penalty setting is the family's own conversion."""
+    import re
+
+    from onnxgrad_sklearn.families import dropped_settings, family_of
+
+    n = 100
+    alpha, l1_ratio = family_of(template).penalty(template, n, n)
+    lines = [line for line in dropped_settings(template, n) if "set alpha=" in line]
+    assert lines  # every penalty setting that differs from its default is named
+    for line in lines:
+        found = re.search(r"set alpha=([^ ,(]+)(?:, l1_ratio=([^ (]+))? \(", line)
+        assert found, line
+        assert float(found.group(1)) == pytest.approx(alpha, rel=1e-5), line
+        assert float(found.group(2) or 0.0) == pytest.approx(l1_ratio), line
