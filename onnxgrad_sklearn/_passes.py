@@ -9,6 +9,7 @@ rule merged into the same graph.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 
@@ -21,9 +22,11 @@ __all__ = [
     "MAX_ML_OPSET",
     "MAX_OPSET",
     "constant_input",
+    "copy_fields",
     "differentiated_nodes",
     "drop_identities",
     "fix_dimension",
+    "initializers_as_inputs",
     "merge_duplicate_nodes",
     "merge_update",
     "op_types",
@@ -113,30 +116,45 @@ def rewrite_relu_grad(model: onnx.ModelProto) -> int:
     return count
 
 
-def static_shapes(model: onnx.ModelProto) -> dict:
-    """Inferred shapes by tensor name: lists of ints and symbol names (None: unknown)."""
+class Shapes(dict):
+    """Inferred shapes by tensor name (a ``dict``), with the element types of the same inference.
+
+    Attributes
+    ----------
+    types : dict of str to int
+        What :func:`static_types` gives for the same graph: ``TensorProto`` element
+        types by tensor name, initializers included.
+    """
+
+    types: dict
+
+
+def static_shapes(model: onnx.ModelProto) -> Shapes:
+    """Inferred shapes by tensor name: lists of ints and symbol names (None: unknown).
+
+    One shape inference gives the element types too (:attr:`Shapes.types`): the
+    passes that read both do not infer the graph a second time.
+    """
     graph = _inferred_graph(model)
+    shapes = Shapes()
+    shapes.types = types = {i.name: i.data_type for i in model.graph.initializer}
     if graph is None:
-        return {}
-    return {
-        vi.name: [
-            d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-            for d in vi.type.tensor_type.shape.dim
-        ]
-        for vi in [*graph.input, *graph.value_info, *graph.output]
-        if vi.type.tensor_type.HasField("shape")
-    }
+        return shapes
+    for vi in itertools.chain(graph.input, graph.value_info, graph.output):
+        tensor = vi.type.tensor_type
+        if tensor.elem_type:
+            types[vi.name] = tensor.elem_type
+        if tensor.HasField("shape"):
+            shapes[vi.name] = [
+                d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                for d in tensor.shape.dim
+            ]
+    return shapes
 
 
 def static_types(model: onnx.ModelProto) -> dict:
     """Inferred element types (``TensorProto`` values) by tensor name, initializers included."""
-    graph = _inferred_graph(model)
-    types = {i.name: i.data_type for i in model.graph.initializer}
-    if graph is not None:
-        for vi in [*graph.input, *graph.value_info, *graph.output]:
-            if vi.type.tensor_type.elem_type:
-                types[vi.name] = vi.type.tensor_type.elem_type
-    return types
+    return static_shapes(model).types
 
 
 def _inferred_graph(model: onnx.ModelProto):
@@ -282,6 +300,59 @@ def fix_dimension(model: onnx.ModelProto, symbol: str, value: int) -> onnx.Model
     return model
 
 
+def copy_fields(source, target, skip: str):
+    """Copy every field of protobuf message ``source`` but ``skip`` into ``target``."""
+    for field, value in source.ListFields():
+        if field.name == skip:
+            continue
+        repeated = getattr(field, "is_repeated", None)  # protobuf >= 5.29: label is gone
+        if repeated is None:
+            repeated = field.label == field.LABEL_REPEATED
+        if repeated:
+            getattr(target, field.name).extend(value)
+        elif field.type == field.TYPE_MESSAGE:
+            getattr(target, field.name).CopyFrom(value)
+        else:
+            setattr(target, field.name, value)
+    return target
+
+
+def initializers_as_inputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
+    """Return a copy of ``model`` where the initializers ``names`` are graph inputs.
+
+    The same graph as ``engine.weights_as_inputs`` gives (the other initializers
+    in their order, one input per name appended in the order of ``names``), but
+    the values of ``names`` are never copied: a ``CopyFrom`` of the whole model
+    followed by deleting them keeps their bytes alive as long as the copy (protobuf
+    frees a message's memory with the message), one copy of the weights per graph.
+
+    A name that is a graph input already stays as it is (the function can be
+    applied to its own result).
+
+    Raises
+    ------
+    KeyError
+        When one of ``names`` is neither an initializer nor an input of ``model``.
+    """
+    wanted = set(names)
+    out = copy_fields(model, onnx.ModelProto(), skip="graph")
+    graph = copy_fields(model.graph, out.graph, skip="initializer")
+    moved = {}
+    for init in model.graph.initializer:
+        if init.name in wanted:
+            moved[init.name] = (init.data_type, list(init.dims))
+        else:
+            graph.initializer.add().CopyFrom(init)
+    declared = {i.name for i in model.graph.input}
+    for name in names:
+        if name in moved:
+            elem_type, dims = moved[name]
+            graph.input.append(onnx.helper.make_tensor_value_info(name, elem_type, dims))
+        elif name not in declared:
+            raise KeyError(f"{name!r} is neither an initializer nor an input of the graph.")
+    return out
+
+
 def differentiated_nodes(
     model: onnx.ModelProto, inputs: Iterable[str], output: str
 ) -> list[onnx.NodeProto]:
@@ -328,22 +399,55 @@ def prune(model: onnx.ModelProto) -> int:
     """
     graph = model.graph
     needed = {o.name for o in graph.output}
-    kept = []
-    for node in reversed(list(graph.node)):
-        if any(name in needed for name in node.output):
-            kept.append(node)
-            needed.update(node.input)
-            for attr in node.attribute:  # names a subgraph reads from the outer scope
-                for sub in [attr.g, *attr.graphs]:
-                    needed.update(name for n in sub.node for name in n.input)
-    removed = len(graph.node) - len(kept)
-    if removed:
-        del graph.node[:]
-        graph.node.extend(kept[::-1])
+    nodes = list(graph.node)
+    removed = {}
+    for i in range(len(nodes) - 1, -1, -1):
+        node = nodes[i]
+        if needed.isdisjoint(node.output):
+            removed[i] = []
+            continue
+        needed.update(node.input)
+        for sub in _subgraphs(node):  # names a subgraph reads from the outer scope
+            needed.update(name for n in sub.node for name in n.input)
+    _edit_nodes(graph, removed)
     unused = [i for i in graph.initializer if i.name not in needed]
     for init in unused:
         graph.initializer.remove(init)
-    return removed
+    return len(removed)
+
+
+_GRAPH_ATTRIBUTES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+
+
+def _subgraphs(node: onnx.NodeProto) -> list:
+    """The subgraphs of a control-flow node (none for most nodes, checked without copies)."""
+    found = []
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            found.append(attr.g)
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            found.extend(attr.graphs)
+    return found
+
+
+def _edit_nodes(graph: onnx.GraphProto, edits: dict) -> None:
+    """Apply ``edits`` (node index to the nodes replacing it, none: removed) to ``graph``.
+
+    Removals and one-for-one replacements are made in place: rebuilding the node
+    list copies every node, and the passes change a few of them.
+    """
+    if any(len(new) > 1 for new in edits.values()):
+        nodes = []
+        for i, node in enumerate(graph.node):
+            nodes.extend(edits.get(i, [node]))
+        del graph.node[:]
+        graph.node.extend(nodes)
+        return
+    for i in sorted(edits, reverse=True):
+        if edits[i]:
+            graph.node[i].CopyFrom(edits[i][0])
+        else:
+            del graph.node[i]
 
 
 def _attributes(node: onnx.NodeProto) -> dict:
@@ -384,33 +488,30 @@ def rewrite_unit_reductions(model: onnx.ModelProto, shapes: dict | None = None) 
     """
     shapes = static_shapes(model) if shapes is None else shapes
     constants = {i.name: i for i in model.graph.initializer}
-    rewritten, extra, count = [], [], 0
-    for node in model.graph.node:
+    edits, extra = {}, []
+    for i, node in enumerate(model.graph.node):
         shape = shapes.get(node.input[0]) if node.op_type == "ReduceSum" else None
         axes = None
         if shape is not None and node.domain in ("", "ai.onnx"):
             axes = _reduced_axes(node, constants, len(shape))
         if axes is None or any(shape[a] != 1 for a in axes):
-            rewritten.append(node)
             continue
-        count += 1
         base = f"UnitReduction/{node.output[0]}"
         if not axes or _attributes(node).get("keepdims", 1):
-            rewritten.append(
+            edits[i] = [
                 onnx.helper.make_node("Identity", [node.input[0]], list(node.output), name=base)
-            )
+            ]
             continue
         extra.append(onnx.numpy_helper.from_array(np.array(axes, np.int64), base + "_axes"))
-        rewritten.append(
+        edits[i] = [
             onnx.helper.make_node(
                 "Squeeze", [node.input[0], base + "_axes"], list(node.output), name=base
             )
-        )
-    if count:
-        del model.graph.node[:]
-        model.graph.node.extend(rewritten)
+        ]
+    if edits:
+        _edit_nodes(model.graph, edits)
         model.graph.initializer.extend(extra)
-    return count
+    return len(edits)
 
 
 def rewrite_leading_sums(model: onnx.ModelProto, shapes: dict | None = None) -> int:
@@ -428,7 +529,7 @@ def rewrite_leading_sums(model: onnx.ModelProto, shapes: dict | None = None) -> 
     constants = {i.name: i for i in model.graph.initializer}
     rewritten, ones, count = [], {}, 0
     extra = []
-    types = None  # element types, inferred at the first rewrite
+    types = getattr(shapes, "types", None)  # else inferred at the first rewrite
     for node in model.graph.node:
         shape = shapes.get(node.input[0]) if node.op_type == "ReduceSum" else None
         axes = None
@@ -471,9 +572,11 @@ def rewrite_leading_sums(model: onnx.ModelProto, shapes: dict | None = None) -> 
             rewritten.append(
                 onnx.helper.make_node("Reshape", [node.input[0], flat_shape], [operand])
             )
+            shapes[operand] = flat  # the next passes may reuse these shapes
         if kept_dims == [1, flat[1]]:
             total = node.output[0]
         rewritten.append(onnx.helper.make_node("MatMul", [ones[key], operand], [total]))
+        shapes[total] = [1, flat[1]]
         if total != node.output[0]:
             extra.append(onnx.numpy_helper.from_array(np.array(kept_dims, np.int64), out_shape))
             rewritten.append(
@@ -495,28 +598,24 @@ def rewrite_unit_transposes(model: onnx.ModelProto, shapes: dict | None = None) 
     number of nodes replaced.
     """
     shapes = static_shapes(model) if shapes is None else shapes
-    rewritten, extra, count = [], [], 0
-    for node in model.graph.node:
+    edits, extra = {}, []
+    for i, node in enumerate(model.graph.node):
         shape = shapes.get(node.input[0]) if node.op_type == "Transpose" else None
         if shape is None or not all(isinstance(d, int) for d in shape):
-            rewritten.append(node)
             continue
         perm = _attributes(node).get("perm", list(range(len(shape)))[::-1])
         moved = [a for a in perm if shape[a] != 1]
         if moved != sorted(moved):
-            rewritten.append(node)
             continue
-        count += 1
         name = f"UnitTranspose/{node.output[0]}_shape"
         extra.append(
             onnx.numpy_helper.from_array(np.array([shape[a] for a in perm], np.int64), name)
         )
-        rewritten.append(onnx.helper.make_node("Reshape", [node.input[0], name], list(node.output)))
-    if count:
-        del model.graph.node[:]
-        model.graph.node.extend(rewritten)
+        edits[i] = [onnx.helper.make_node("Reshape", [node.input[0], name], list(node.output))]
+    if edits:
+        _edit_nodes(model.graph, edits)
         model.graph.initializer.extend(extra)
-    return count
+    return len(edits)
 
 
 def rewrite_noop_expands(model: onnx.ModelProto, shapes: dict | None = None) -> int:
@@ -546,10 +645,10 @@ def rewrite_noop_expands(model: onnx.ModelProto, shapes: dict | None = None) -> 
 def _rename_inputs(graph: onnx.GraphProto, renamed: dict) -> None:
     """Make every node of ``graph`` (subgraphs included) read ``renamed[name]`` for ``name``."""
     for node in graph.node:
-        node.input[:] = [renamed.get(name, name) for name in node.input]
-        for attr in node.attribute:
-            for sub in [attr.g, *attr.graphs]:
-                _rename_inputs(sub, renamed)
+        if not renamed.keys().isdisjoint(node.input):
+            node.input[:] = [renamed.get(name, name) for name in node.input]
+        for sub in _subgraphs(node):
+            _rename_inputs(sub, renamed)
 
 
 def _resolve(renamed: dict, name: str) -> str:
@@ -567,8 +666,8 @@ def drop_identities(model: onnx.ModelProto) -> int:
     """
     graph = model.graph
     outputs = {o.name for o in graph.output}
-    renamed, kept = {}, []
-    for node in graph.node:
+    renamed, removed = {}, {}
+    for i, node in enumerate(graph.node):
         if (
             node.op_type == "Identity"
             and node.domain in ("", "ai.onnx")
@@ -576,12 +675,10 @@ def drop_identities(model: onnx.ModelProto) -> int:
             and node.output[0] not in outputs
         ):
             renamed[node.output[0]] = _resolve(renamed, node.input[0])
-        else:
-            kept.append(node)
+            removed[i] = []
     if renamed:
         renamed = {k: _resolve(renamed, k) for k in renamed}
-        del graph.node[:]
-        graph.node.extend(kept)
+        _edit_nodes(graph, removed)
         _rename_inputs(graph, renamed)
     return len(renamed)
 
@@ -610,21 +707,21 @@ def merge_duplicate_nodes(model: onnx.ModelProto) -> int:
     """
     graph = model.graph
     outputs = {o.name for o in graph.output}
-    seen, renamed, kept, count = {}, {}, [], 0
-    for node in graph.node:
-        node.input[:] = [renamed.get(name, name) for name in node.input]
+    seen, renamed, edits = {}, {}, {}
+    for i, node in enumerate(graph.node):
+        if renamed and not renamed.keys().isdisjoint(node.input):
+            node.input[:] = [renamed.get(name, name) for name in node.input]
+        attributes = node.attribute
         if (
             node.op_type in _NONDETERMINISTIC
             or not node.output
-            or any(
-                a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-                for a in node.attribute
-            )
+            or any(a.type in _GRAPH_ATTRIBUTES for a in attributes)
         ):
-            kept.append(node)
             continue
-        attributes = tuple(
-            sorted((a.name, a.SerializeToString(deterministic=True)) for a in node.attribute)
+        attributes = (
+            tuple(sorted((a.name, a.SerializeToString(deterministic=True)) for a in attributes))
+            if attributes
+            else ()
         )
         key = (
             node.domain or "ai.onnx",
@@ -636,21 +733,19 @@ def merge_duplicate_nodes(model: onnx.ModelProto) -> int:
         first = seen.get(key)
         if first is None:
             seen[key] = node
-            kept.append(node)
             continue
-        count += 1
+        edits[i] = []
         for mine, theirs in zip(node.output, first.output):
             if not mine:
                 continue
             if mine in outputs:
-                kept.append(onnx.helper.make_node("Identity", [theirs], [mine]))
+                edits[i].append(onnx.helper.make_node("Identity", [theirs], [mine]))
             else:
                 renamed[mine] = theirs
-    if count:
-        del graph.node[:]
-        graph.node.extend(kept)
+    if edits:
+        _edit_nodes(graph, edits)
         _rename_inputs(graph, renamed)  # readers inside subgraphs
-    return count
+    return len(edits)
 
 
 def _broadcast(*shapes) -> list | None:

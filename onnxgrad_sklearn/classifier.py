@@ -44,6 +44,10 @@ class _LogitLoss(BaseLoss):
         self.binary = binary
         self.signed = signed
 
+    @property
+    def rowwise(self):
+        return self.loss.rowwise
+
     def smoothed(self, width):
         inner = self.loss.smoothed(width)
         return None if inner is None else _LogitLoss(inner, self.binary, self.signed)

@@ -24,7 +24,7 @@ import onnxruntime
 
 from . import runtime
 from ._graph import GraphBuilder, model_dtype, tensor_info
-from ._passes import static_shapes
+from ._passes import initializers_as_inputs, static_shapes
 from .backends import Backend, choose_backend, make_backend
 from .losses import BaseLoss
 from .optim import BaseOptimizer
@@ -217,18 +217,11 @@ def _drop_noop_reshapes(model: onnx.ModelProto) -> dict:
 
 
 def weights_as_inputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
-    """Return a copy of ``model`` where the initializers ``names`` are graph inputs."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    wanted = set(names)
-    kept = [i for i in out.graph.initializer if i.name not in wanted]
-    moved = {i.name: i for i in out.graph.initializer if i.name in wanted}
-    del out.graph.initializer[:]
-    out.graph.initializer.extend(kept)
-    for name in names:
-        init = moved[name]
-        out.graph.input.append(tensor_info(name, list(init.dims), init.data_type))
-    return out
+    """Return a copy of ``model`` where the initializers ``names`` are graph inputs.
+
+    Their values are not copied (:func:`onnxgrad_sklearn._passes.initializers_as_inputs`).
+    """
+    return initializers_as_inputs(model, names)
 
 
 def session_options(threads: int = 0) -> onnxruntime.SessionOptions:
@@ -277,7 +270,9 @@ class TrainingEngine:
     dtype : numpy.dtype
         The training dtype, that of the model (float64 for a double graph).
     training : onnx.ModelProto
-        The training graph (:func:`build_training_graph`) with the starting weights.
+        The training graph (:func:`build_training_graph`) with the starting weights;
+        for the standard backend, with the weights as inputs (it differentiates
+        that graph, and the values would be one more copy of the weights).
     optimizer : BaseOptimizer
         The update rule.
     weight_names : list of str
@@ -327,6 +322,10 @@ class TrainingEngine:
             options=session_options(threads),
             update_options=session_options(threads=1),
         )
+        if self.backend == "standard":
+            self.training = initializers_as_inputs(training, self.weight_names)
+            # a short batch may be padded with rows of weight 0 when rows do not mix
+            self._backend.pad_batches = bool(getattr(loss, "rowwise", True))
 
     def __getattr__(self, name):
         # What a backend has of its own (forward_backward, weights, step, _flat...).

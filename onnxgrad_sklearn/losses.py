@@ -96,6 +96,11 @@ class BaseLoss(BaseEstimator):
 
     task: str | None = None
     gives_proba: bool = True
+    #: Whether each sample's loss depends on its own row only (class attribute): the
+    #: standard backend then trains a short last batch in the graph of a full one,
+    #: padded with rows of sample weight 0. False for :class:`OnnxLoss`, whose graph
+    #: may combine rows.
+    rowwise: bool = True
     #: Width of the quadratic that replaces the loss's kinks (0: the exact loss). Set
     #: on the copies :meth:`smoothed` returns; not a hyper-parameter.
     _width: float = 0.0
@@ -288,6 +293,8 @@ class OnnxLoss(BaseLoss):
         the loss of each sample. Its nodes are copied into the training graph
         (names are prefixed to avoid clashes).
     """
+
+    rowwise = False
 
     def __init__(self, model=None):
         self.model = model

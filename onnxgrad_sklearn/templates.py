@@ -286,8 +286,10 @@ class ConvertedTemplate:
         # are not copied: protobuf keeps every bytes value a message was ever given
         # until the message is freed (a model updated in place grows at each fit).
         names = set(self.initializer_names)
-        model = _copy_fields(self.model, onnx.ModelProto(), skip="graph")
-        graph = _copy_fields(self.model.graph, model.graph, skip="initializer")
+        from ._passes import copy_fields
+
+        model = copy_fields(self.model, onnx.ModelProto(), skip="graph")
+        graph = copy_fields(self.model.graph, model.graph, skip="initializer")
         for init in self.model.graph.initializer:
             new = graph.initializer.add()
             if init.name in names:
@@ -449,23 +451,6 @@ def _convert_with_markers(est, final, params, values, shapes, n_features, dtype=
     converted = ConvertedTemplate(model, params, names, layouts, model.graph.output[0].name)
     _set_values(model, names, converted.values_from(final))
     return converted
-
-
-def _copy_fields(source, target, skip: str):
-    """Copy every field of protobuf message ``source`` but ``skip`` into ``target``."""
-    for field, value in source.ListFields():
-        if field.name == skip:
-            continue
-        repeated = getattr(field, "is_repeated", None)  # protobuf >= 5.29: label is gone
-        if repeated is None:
-            repeated = field.label == field.LABEL_REPEATED
-        if repeated:
-            getattr(target, field.name).extend(value)
-        elif field.type == field.TYPE_MESSAGE:
-            getattr(target, field.name).CopyFrom(value)
-        else:
-            setattr(target, field.name, value)
-    return target
 
 
 def _set_values(model: onnx.ModelProto, names: Sequence[str], values) -> None:

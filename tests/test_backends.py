@@ -394,3 +394,65 @@ def test_a_session_that_lost_its_cuda_provider_is_refused(monkeypatch):
     monkeypatch.setattr(onnxruntime, "InferenceSession", Fallen)
     with pytest.raises(RuntimeError, match=r"did not start its CUDAExecutionProvider.*nvidia-smi"):
         make_session(b"", None, ["CUDAExecutionProvider", "CPUExecutionProvider"], [{}, {}])
+
+
+def _short_last_batch_fit(pad, loss="squared_error"):
+    from onnxgrad_sklearn.backends import standard
+
+    rng = np.random.RandomState(0)
+    X, y = rng.randn(90, 4), rng.randn(90)  # batches of 32, 32 and 26 rows
+    est = OrtGradientRegressor(
+        MLPRegressor(hidden_layer_sizes=(6,)),
+        loss=loss,
+        backend="standard",
+        batch_size=32,
+        max_iter=5,
+        random_state=0,
+    )
+    original = standard.StandardBackend._padded
+    seen = []
+
+    def padded(self, X, y, sw):
+        self.pad_batches = self.pad_batches and pad
+        out = original(self, X, y, sw)
+        seen.append((len(X), len(out[0])))
+        return out
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        standard.StandardBackend._padded = padded
+        try:
+            est.fit(X, y)
+        finally:
+            standard.StandardBackend._padded = original
+    return est, seen
+
+
+def test_a_short_last_batch_trains_in_the_full_batch_graph_with_the_same_result():
+    padded, seen = _short_last_batch_fit(pad=True)
+    assert (26, 32) in seen and len(padded._engine._backend._steps) == 1  # one graph
+    plain, seen = _short_last_batch_fit(pad=False)
+    assert (26, 26) in seen and len(plain._engine._backend._steps) == 2
+    np.testing.assert_allclose(padded.loss_curve_, plain.loss_curve_, rtol=1e-6)
+    for a, b in zip(padded.estimator_.coefs_, plain.estimator_.coefs_):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_an_onnx_loss_whose_rows_may_mix_is_not_padded():
+    g = helper.make_graph(
+        [
+            helper.make_node("Sub", ["y_pred", "y_true"], ["r"]),
+            helper.make_node("Mul", ["r", "r"], ["sq"]),
+            helper.make_node("ReduceSum", ["sq", "axes"], ["loss"], keepdims=0),
+        ],
+        "l2",
+        [
+            helper.make_tensor_value_info("y_pred", TensorProto.FLOAT, [None, 1]),
+            helper.make_tensor_value_info("y_true", TensorProto.FLOAT, [None, 1]),
+        ],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [None])],
+        [helper.make_tensor("axes", TensorProto.INT64, [1], [1])],
+    )
+    loss = OnnxLoss(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]))
+    est, seen = _short_last_batch_fit(pad=True, loss=loss)
+    assert (26, 26) in seen and len(est._engine._backend._steps) == 2

@@ -388,7 +388,7 @@ def test_every_standard_session_on_cuda_gets_the_device_and_use_tf32(simulated_c
         ["CUDAExecutionProvider", "CPUExecutionProvider"],
         [{"device_id": "1", "use_tf32": "1" if allow_tf32 else "0"}, {}],
     )
-    assert len(simulated_cuda) >= 5  # two step graphs, predict, loss, gradients
+    assert len(simulated_cuda) >= 4  # the step (short batches padded), predict, loss, gradients
     assert all(made == expected for made in simulated_cuda)
 
 

@@ -374,3 +374,96 @@ def test_identities_are_dropped_but_graph_outputs_kept():
         ("Neg", ["x"]),
         ("Identity", ["c"]),
     ]
+
+
+# --- copies and shape inference -------------------------------------------------
+
+
+def test_initializers_as_inputs_is_the_engine_graph_without_copying_the_weights():
+    from onnxgrad_sklearn.engine import weights_as_inputs
+
+    estimator = _regressor(hidden=(64, 32))
+    names = _backend(estimator).weight_names
+    model = estimator._converted.model  # the inference graph, weights as initializers
+    lean = _passes.initializers_as_inputs(model, names)
+    ref = weights_as_inputs(model, names)
+    assert lean.SerializeToString(deterministic=True) == ref.SerializeToString(deterministic=True)
+    # applied to its own result it changes nothing; a name it does not know is refused
+    again = _passes.initializers_as_inputs(lean, names)
+    assert again.SerializeToString(deterministic=True) == lean.SerializeToString(deterministic=True)
+    with pytest.raises(KeyError, match="neither an initializer nor an input"):
+        _passes.initializers_as_inputs(model, ["no_such_weight"])
+
+
+def test_initializers_as_inputs_keeps_no_bytes_of_the_moved_values():
+    big = onnx.numpy_helper.from_array(np.ones((512, 512), np.float32), "w")
+    model = _model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        [_info("x", [2, 512])],
+        [_info("y", [2, 512])],
+        [big],
+    )
+    lean = _passes.initializers_as_inputs(model, ["w"])
+    assert lean.ByteSize() < 4096  # the 1 MB of values are neither copied nor kept
+    assert [i.name for i in lean.graph.input] == ["x", "w"]
+    assert not lean.graph.initializer
+
+
+def test_static_shapes_gives_the_element_types_of_the_same_inference():
+    model = _model(
+        [
+            helper.make_node("Cast", ["x"], ["c"], to=TensorProto.DOUBLE),
+            helper.make_node("Shape", ["c"], ["s"]),
+        ],
+        [_info("x", [2, 3])],
+        [helper.make_tensor_value_info("s", TensorProto.INT64, [2])],
+        [_const("unused", [1])],
+    )
+    shapes = _passes.static_shapes(model)
+    assert isinstance(shapes, dict)
+    assert shapes["c"] == [2, 3] and shapes["s"] == [2]
+    assert shapes.types == _passes.static_types(model)
+    assert shapes.types["c"] == TensorProto.DOUBLE
+    assert shapes.types["s"] == TensorProto.INT64
+    assert shapes.types["unused"] == TensorProto.INT64
+
+
+def test_leading_sums_record_the_shapes_of_the_tensors_they_make():
+    model = _model(
+        [helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)],
+        [_info("x", [9, 4, 1])],
+        [_info("y", [4, 1])],
+        [_const("axes", [0])],
+    )
+    shapes = _passes.static_shapes(model)
+    assert _passes.rewrite_leading_sums(model, shapes) == 1
+    made = [o for n in model.graph.node for o in n.output if o != "y"]
+    assert made and all(name in shapes for name in made)
+    assert shapes == _passes.static_shapes(model)  # what a new inference gives
+
+
+def test_passes_edit_the_nodes_in_place_and_keep_their_order():
+    model = _model(
+        [
+            helper.make_node("Neg", ["x"], ["unused"]),
+            helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0]),  # x is (1, 3)
+            helper.make_node("Identity", ["t"], ["i"]),
+            helper.make_node("Relu", ["i"], ["r"]),
+            helper.make_node("Relu", ["i"], ["r2"]),
+            helper.make_node("Add", ["r", "r2"], ["y"]),
+        ],
+        [_info("x", [1, 3])],
+        [_info("y", [3, 1])],
+    )
+    x = np.array([[1.0, -2.0, 3.0]], np.float32)
+    expected = _run(model, {"x": x})[0]
+    assert _passes.prune(model) == 1
+    assert _passes.rewrite_unit_transposes(model) == 1
+    assert _passes.drop_identities(model) == 1
+    assert _passes.merge_duplicate_nodes(model) == 1
+    assert [(n.op_type, list(n.input)) for n in model.graph.node] == [
+        ("Reshape", ["x", "UnitTranspose/t_shape"]),
+        ("Relu", ["t"]),
+        ("Add", ["r", "r"]),
+    ]
+    np.testing.assert_array_equal(_run(model, {"x": x})[0], expected)

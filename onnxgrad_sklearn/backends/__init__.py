@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx
 
-from .._passes import differentiated_nodes
+from .._passes import differentiated_nodes, initializers_as_inputs
 from ..runtime import (
     OrtValue,
     device_to_providers,
@@ -271,8 +271,9 @@ class Backend:
     training : onnx.ModelProto
         The training graph (:func:`onnxgrad_sklearn.engine.build_training_graph`):
         inputs the model's, ``y_true`` and ``sample_weight``; output ``loss``.
-    model : onnx.ModelProto
-        The inference graph, for :meth:`predict`.
+    model : onnx.ModelProto or None
+        The inference graph, for :meth:`predict`; kept with the weights as inputs
+        (attribute ``model``), without a copy of their values.
     output_name : str
         Its prediction output.
     weight_names : list of str
@@ -310,7 +311,9 @@ class Backend:
         options=None,
         update_options=None,
     ):
-        self.model = model
+        # Without the weights' values: the estimator replaces its own graph at the end
+        # of each fit, and this one would keep the first fit's weights alive.
+        self.model = None if model is None else initializers_as_inputs(model, weight_names)
         self.output_name = output_name
         self.weight_names = list(weight_names)
         self.shapes = [tuple(np.shape(w)) for w in start]
@@ -439,10 +442,8 @@ class Backend:
         if self._predict is None:
             import onnxruntime
 
-            from ..engine import weights_as_inputs
-
             self._predict = onnxruntime.InferenceSession(
-                weights_as_inputs(self.model, self.weight_names).SerializeToString(),
+                self.model.SerializeToString(),
                 sess_options=self.options,
                 providers=self.providers,
                 provider_options=self.provider_options,
