@@ -757,6 +757,9 @@ class BaseOrtGradient(BaseEstimator):
         ]
         x = objectives[0].pack(engine.get_weights())
         best = {"x": x}
+        # the rounded stages move away from a start that may already be good (warm_start,
+        # a fitted template): the fit never ends above the exact loss it started from
+        start = (x, objectives[-1](x)[0]) if stages else None
         bar = _progress(self.verbose >= 1, self.max_iter, type(self).__name__, "iter")
 
         def record(intermediate_result):
@@ -815,6 +818,8 @@ class BaseOrtGradient(BaseEstimator):
             if bar is not None:
                 bar.close()
         x = result.x if np.isfinite(result.fun) else best["x"]
+        if start is not None and np.isfinite(result.fun) and result.fun > start[1]:
+            x, result.fun = start
         engine.set_weights(objectives[0].unpack(x))
         result.nit = iterations
         self.n_iter_ = _check_optimize_result("lbfgs", result, self.max_iter)

@@ -366,7 +366,9 @@ class LBFGS(BaseOptimizer):
         ``"auto"`` is ``(0.1, 0.01, 1e-3, 1e-4)``; None minimises the
         exact loss only. The iterations of every stage count towards
         ``max_iter`` and ``loss_curve_`` holds the value of the loss each
-        stage minimises; ``loss_`` is the exact loss. Smooth losses ignore it.
+        stage minimises; ``loss_`` is the exact loss, never above the exact
+        loss at the start (a warm start keeps its weights if the stages end
+        higher). Smooth losses ignore it.
     """
 
     full_batch = True

@@ -298,3 +298,15 @@ def test_lbfgs_training_loss_follows_mlpregressor_lbfgs_after_30_iterations():
     # float32 trajectories part: losses 8e-3 apart)
     assert est.loss_ == pytest.approx(ref.loss_, rel=1e-2)
     assert est.estimator_.coefs_[0].dtype == np.float32
+
+
+def test_a_warm_start_never_ends_above_the_loss_it_started_from():
+    """The rounded stages move away from a good start; the fit keeps the better end."""
+    X, y, ref, template, penalty, objective = _hinge_case(1.0)
+    est = OrtGradientClassifier(template, warm_start=True, **penalty, **SOLVER["float32"])
+    first = est.fit(X, y).loss_
+    coef = est.estimator_.coef_.copy()
+    second = est.fit(X, y).loss_
+    assert second <= first
+    assert objective(est.estimator_) <= objective(ref) * (1 + 1e-4)
+    assert est.estimator_.coef_.shape == coef.shape
