@@ -739,7 +739,7 @@ class BaseOrtGradient(BaseEstimator):
         import scipy.optimize
         from sklearn.utils.optimize import _check_optimize_result
 
-        stages = [(w, loss.smoothed(w)) for w in self._smoothing_widths(optimizer, y2d, loss)]
+        stages = [(w, loss.smoothed(w)) for w in self._smoothing_widths(optimizer, y2d)]
         stages = [(w, smooth) for w, smooth in stages if smooth is not None]
         penalty = _smooth_penalty(self._penalty)
         l1 = self._penalty[0] * self._penalty[1]
@@ -828,10 +828,10 @@ class BaseOrtGradient(BaseEstimator):
         if not np.isfinite(result.fun):
             self._diverged(result.fun, self.n_iter_, None)
 
-    def _smoothing_widths(self, optimizer, y2d, loss):
-        """The widths the kinks of ``loss`` are rounded over before the exact loss."""
+    def _smoothing_widths(self, optimizer, y2d):
+        """The widths a loss's kinks are rounded over before the exact loss (absolute)."""
         widths = optimizer.widths() if hasattr(optimizer, "widths") else ()
-        if not widths or loss.smoothed(1.0) is None:
+        if not widths:
             return []
         scale = 1.0
         if not is_classifier(self):  # the residuals' scale: the targets' spread

@@ -396,7 +396,7 @@ def test_a_session_that_lost_its_cuda_provider_is_refused(monkeypatch):
         make_session(b"", None, ["CUDAExecutionProvider", "CPUExecutionProvider"], [{}, {}])
 
 
-def _short_last_batch_fit(pad, loss="squared_error"):
+def _short_last_batch_fit(monkeypatch, pad, loss="squared_error"):
     from onnxgrad_sklearn.backends import standard
 
     rng = np.random.RandomState(0)
@@ -418,27 +418,24 @@ def _short_last_batch_fit(pad, loss="squared_error"):
         seen.append((len(X), len(out[0])))
         return out
 
-    with warnings.catch_warnings():
+    with monkeypatch.context() as patch, warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        standard.StandardBackend._padded = padded
-        try:
-            est.fit(X, y)
-        finally:
-            standard.StandardBackend._padded = original
+        patch.setattr(standard.StandardBackend, "_padded", padded)
+        est.fit(X, y)
     return est, seen
 
 
-def test_a_short_last_batch_trains_in_the_full_batch_graph_with_the_same_result():
-    padded, seen = _short_last_batch_fit(pad=True)
+def test_a_short_last_batch_trains_in_the_full_batch_graph_with_the_same_result(monkeypatch):
+    padded, seen = _short_last_batch_fit(monkeypatch, pad=True)
     assert (26, 32) in seen and len(padded._engine._backend._steps) == 1  # one graph
-    plain, seen = _short_last_batch_fit(pad=False)
+    plain, seen = _short_last_batch_fit(monkeypatch, pad=False)
     assert (26, 26) in seen and len(plain._engine._backend._steps) == 2
     np.testing.assert_allclose(padded.loss_curve_, plain.loss_curve_, rtol=1e-6)
     for a, b in zip(padded.estimator_.coefs_, plain.estimator_.coefs_):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
-def test_an_onnx_loss_whose_rows_may_mix_is_not_padded():
+def test_an_onnx_loss_whose_rows_may_mix_is_not_padded(monkeypatch):
     g = helper.make_graph(
         [
             helper.make_node("Sub", ["y_pred", "y_true"], ["r"]),
@@ -454,5 +451,5 @@ def test_an_onnx_loss_whose_rows_may_mix_is_not_padded():
         [helper.make_tensor("axes", TensorProto.INT64, [1], [1])],
     )
     loss = OnnxLoss(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]))
-    est, seen = _short_last_batch_fit(pad=True, loss=loss)
+    est, seen = _short_last_batch_fit(monkeypatch, pad=True, loss=loss)
     assert (26, 26) in seen and len(est._engine._backend._steps) == 2

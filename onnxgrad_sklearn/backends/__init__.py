@@ -393,8 +393,12 @@ class Backend:
             "step": self.step,
             "state_names": list(self.optimizer.state_names),
             "weight_names": list(self.weight_names),
-            "state": [[s.numpy().copy() for s in st] for st in self.state],
+            "state": self._state_arrays(),
         }
+
+    def _state_arrays(self) -> list[list[np.ndarray]]:
+        """Copies of the optimizer state, ``[weight][state]`` (as :attr:`state`)."""
+        return [[s.numpy().copy() for s in st] for st in self.state]
 
     def set_state(self, saved: dict) -> None:
         """Restore an optimizer state returned by :meth:`get_state` (by either backend).
@@ -429,7 +433,7 @@ class Backend:
 
     def is_finite(self, X, y, sample_weight) -> bool:
         """Return whether every weight, and the loss on a batch, are finite."""
-        if not all(np.isfinite(w.numpy()).all() for w in self.weights):
+        if not all(np.isfinite(w).all() for w in self.get_weights()):
             return False
         return bool(np.isfinite(self.loss(X, y, sample_weight)))
 

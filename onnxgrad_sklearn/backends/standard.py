@@ -354,21 +354,15 @@ class StandardBackend(Backend):
     def state(self):
         """The optimizer state as ``OrtValue`` objects (as :attr:`weights`)."""
         if self.device_buffers:
-            per_k = [self._buffers.read(1 + k) for k in range(self._buffers.n_state)]
-            return [[to_ortvalue(s[i]) for s in per_k] for i in range(len(self.shapes))]
+            return [[to_ortvalue(s) for s in st] for st in self._state_arrays()]
         return self._buffers.state()
 
     def get_weights(self):
         return self._buffers.read(0)
 
-    def get_state(self):
+    def _state_arrays(self):
         per_k = [self._buffers.read(1 + k) for k in range(self._buffers.n_state)]
-        return {
-            "step": self.step,
-            "state_names": list(self.optimizer.state_names),
-            "weight_names": list(self.weight_names),
-            "state": [[s[i] for s in per_k] for i in range(len(self.shapes))],
-        }
+        return [[s[i] for s in per_k] for i in range(len(self.shapes))]
 
     def _load_state(self, per_weight) -> None:
         for k in range(len(self.optimizer.state_names)):
@@ -609,11 +603,6 @@ class StandardBackend(Backend):
         outputs = [o.name for o in session.get_outputs()]
         out = self._run_once(session, dict(zip(self.input_names, arrays)), outputs)
         return float(out[0]), out[1:]
-
-    def is_finite(self, X, y, sample_weight) -> bool:
-        if not all(np.isfinite(w).all() for w in self.get_weights()):
-            return False
-        return bool(np.isfinite(self.loss(X, y, sample_weight)))
 
     def predict(self, X) -> np.ndarray:
         if self._predict is None:
