@@ -44,6 +44,10 @@ def _basic(so, threads):
     so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
 
 
+def _mem_pattern_off(so, threads):
+    so.enable_mem_pattern = False
+
+
 #: name -> hook (None: the package's options as they are).
 VARIANTS = {
     "default": None,
@@ -51,6 +55,7 @@ VARIANTS = {
     "spinning_on": _spinning_on,
     "denormal_as_zero": _denormal_as_zero,
     "optimization_basic": _basic,
+    "mem_pattern_off": _mem_pattern_off,
 }
 
 

@@ -923,8 +923,9 @@ class BaseOrtGradient(BaseEstimator):
 
     def _store_weights(self, trained):
         conv = self._converted
-        values = conv.initializer_values()
-        for k, w in zip(self._trained_indices(), trained):
+        indices = self._trained_indices()
+        values = conv.initializer_values(skip=set(indices))
+        for k, w in zip(indices, trained):
             values[k] = w
         conv.model = conv.with_values(values)
         final = final_estimator(self.estimator_)

@@ -38,7 +38,9 @@ __all__ = [
     "rewrite_noop_expands",
     "rewrite_reshape_chains",
     "rewrite_relu_grad",
+    "rewrite_repeated_terms",
     "rewrite_sigmoid_adjoints",
+    "rewrite_sum_of_squares",
     "rewrite_unit_reductions",
     "rewrite_unit_transposes",
     "static_shapes",
@@ -794,6 +796,138 @@ def rewrite_broadcast_expands(model: onnx.ModelProto, shapes: dict | None = None
             node.input[k] = source
             count += 1
     return count
+
+
+def _readers(graph: onnx.GraphProto) -> dict:
+    """Tensor name -> the nodes of ``graph`` reading it (a node once per input it fills)."""
+    readers: dict = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    return readers
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+
+
+def rewrite_sum_of_squares(model: onnx.ModelProto) -> int:
+    """Replace each ``ReduceSum(Mul(x, x))`` by ``ReduceSumSquare(x)``, in place.
+
+    The L2 penalty is ``sum(W * W)``: the product is a tensor the size of the
+    weight, written then summed, one per weight matrix in every training step
+    (16 MB for a 2048 x 2048 layer). ``ReduceSumSquare`` sums the squares
+    without it. Applied where nothing else reads the product; the axes and
+    attributes stay (``ReduceSumSquare`` takes its axes as an input from opset
+    18, as an attribute before). Returns the number of sums replaced.
+    """
+    graph = model.graph
+    outputs = {o.name for o in graph.output}
+    readers = _readers(graph)
+    producers = {out: (i, n) for i, n in enumerate(graph.node) for out in n.output}
+    constants = {i.name: i for i in graph.initializer}
+    opset = _opset(model)
+    edits = {}
+    for node in graph.node:
+        if node.op_type != "ReduceSum" or node.domain not in ("", "ai.onnx"):
+            continue
+        square = node.input[0]
+        index, product = producers.get(square, (None, None))
+        if (
+            product is None
+            or product.op_type != "Mul"
+            or product.domain not in ("", "ai.onnx")
+            or product.input[0] != product.input[1]
+            or square in outputs
+            or len(readers.get(square, ())) != 1
+        ):
+            continue
+        axes_input = len(node.input) > 1 and node.input[1]
+        if opset < 18 and axes_input:
+            if node.input[1] not in constants:
+                continue
+            axes = onnx.numpy_helper.to_array(constants[node.input[1]]).ravel().tolist()
+            node.attribute.append(onnx.helper.make_attribute("axes", [int(a) for a in axes]))
+            del node.input[1:]
+        node.op_type = "ReduceSumSquare"
+        node.input[0] = product.input[0]
+        edits[index] = []
+    if edits:
+        _edit_nodes(graph, edits)
+    return len(edits)
+
+
+def rewrite_repeated_terms(model: onnx.ModelProto, shapes: dict | None = None) -> int:
+    """Add a product repeated in a ``Sum`` once, its smaller operand scaled, in place.
+
+    onnx-ad differentiates ``W * W`` once per operand; with the two equal
+    adjoints merged (:func:`merge_duplicate_nodes`), the weight's gradient is
+    ``Sum(t, t, g)`` with ``t = Mul(s, W)``: two weight-sized tensors besides
+    the data gradient ``g``. ``Mul(s * 2, W)`` added to ``g`` (an ``Add``, which
+    onnxruntime may compute in ``g``'s memory) makes one. Applied where ``t`` is
+    a ``Mul`` read by that ``Sum`` only, whose one operand has fewer elements
+    than ``t`` (static shapes of a float type). Returns the number of sums
+    rewritten.
+    """
+    shapes = static_shapes(model) if shapes is None else shapes
+    types = getattr(shapes, "types", None) or static_types(model)
+    graph = model.graph
+    outputs = {o.name for o in graph.output}
+    readers = _readers(graph)
+    producers = {out: (i, n) for i, n in enumerate(graph.node) for out in n.output}
+    floats = {TensorProto.FLOAT: np.float32, TensorProto.DOUBLE: np.float64}
+
+    def size(name):
+        shape = shapes.get(name)
+        if shape is None or not all(isinstance(d, int) for d in shape):
+            return None
+        return math.prod(shape)
+
+    edits, extra, count_rewritten = {}, [], 0
+    for i, node in enumerate(graph.node):
+        if node.op_type != "Sum" or node.domain not in ("", "ai.onnx") or i in edits:
+            continue
+        terms = list(node.input)
+        for term in dict.fromkeys(terms):
+            count = terms.count(term)
+            index, product = producers.get(term, (None, None))
+            if (
+                count < 2
+                or product is None
+                or index in edits
+                or product.op_type != "Mul"
+                or product.domain not in ("", "ai.onnx")
+                or term in outputs
+                or any(r is not node for r in readers.get(term, ()))
+                or size(term) is None
+            ):
+                continue
+            sizes = [size(x) for x in product.input]
+            small = min(range(2), key=lambda k: sizes[k] if sizes[k] is not None else math.inf)
+            operand = product.input[small]
+            dtype = floats.get(types.get(operand))
+            if sizes[small] is None or sizes[small] >= size(term) or dtype is None:
+                continue
+            base = f"RepeatedTerm/{term}"
+            extra.append(onnx.numpy_helper.from_array(np.array(count, dtype), base + "_count"))
+            scaled = onnx.helper.make_node(
+                "Mul", [operand, base + "_count"], [base + "_scaled"], name=base
+            )
+            changed = onnx.NodeProto()
+            changed.CopyFrom(product)
+            changed.input[small] = base + "_scaled"
+            edits[index] = [scaled, changed]
+            first = terms.index(term)
+            terms = [x for k, x in enumerate(terms) if x != term or k == first]
+        if len(terms) == len(node.input):
+            continue
+        op = {1: "Identity", 2: "Add"}.get(len(terms), "Sum")
+        edits[i] = [onnx.helper.make_node(op, terms, list(node.output), name=node.name)]
+        count_rewritten += 1
+    if edits:
+        _edit_nodes(graph, edits)
+        graph.initializer.extend(extra)
+    return count_rewritten
 
 
 #: Operators that only give their input another shape (no copy in onnxruntime).

@@ -677,8 +677,11 @@ class _MLPFamily(Family):
         est.validation_scores_ = None
         est.best_validation_score_ = None
         est._random_state = rng
-        est._best_coefs = [c.copy() for c in est.coefs_]
-        est._best_intercepts = [i.copy() for i in est.intercepts_]
+        # The initial weights, as MLPRegressor._initialize keeps them: views, not copies
+        # (a weight-sized copy for the whole fit otherwise); the fit gives coefs_ and
+        # intercepts_ new arrays (TemplateConversion.write_back), these stay as drawn.
+        est._best_coefs = [c.view() for c in est.coefs_]
+        est._best_intercepts = [i.view() for i in est.intercepts_]
         if not is_classifier(est):
             est.out_activation_ = "identity"
 

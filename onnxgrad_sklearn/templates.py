@@ -275,10 +275,17 @@ class ConvertedTemplate:
 
         return model_dtype(self.model)
 
-    def initializer_values(self) -> list[np.ndarray]:
-        """Return the current values of the parameters' initializers (in :attr:`dtype`)."""
+    def initializer_values(self, skip=()) -> list[np.ndarray]:
+        """Return the current values of the parameters' initializers (in :attr:`dtype`).
+
+        The positions in ``skip`` (indices into :attr:`initializer_names`) are
+        None: values about to be replaced are not copied.
+        """
         by_name = {i.name: i for i in self.model.graph.initializer}
-        return [numpy_helper.to_array(by_name[n]).copy() for n in self.initializer_names]
+        return [
+            None if k in skip else numpy_helper.to_array(by_name[n]).copy()
+            for k, n in enumerate(self.initializer_names)
+        ]
 
     def with_values(self, values) -> onnx.ModelProto:
         """Return a copy of :attr:`model` whose parameter initializers hold ``values``."""

@@ -467,3 +467,79 @@ def test_passes_edit_the_nodes_in_place_and_keep_their_order():
         ("Add", ["r", "r"]),
     ]
     np.testing.assert_array_equal(_run(model, {"x": x})[0], expected)
+
+
+@pytest.mark.parametrize("opset", [17, 18])
+def test_sums_of_squares_become_reduce_sum_square(opset):
+    model = _model(
+        [
+            helper.make_node("Mul", ["w", "w"], ["sq"]),
+            helper.make_node("ReduceSum", ["sq", "axes"], ["y"], keepdims=0),
+            helper.make_node("Mul", ["v", "v"], ["sq2"]),
+            helper.make_node("ReduceSum", ["sq2"], ["z"], keepdims=0),
+            helper.make_node("Identity", ["sq2"], ["kept"]),  # the product read elsewhere
+        ],
+        [_info("w", [5, 3]), _info("v", [4])],
+        [_info("y", [3]), _info("z", []), _info("kept", [4])],
+        [_const("axes", [0])],
+    )
+    model.opset_import[0].version = opset
+    rng = np.random.RandomState(0)
+    feeds = {"w": rng.randn(5, 3).astype(np.float32), "v": rng.randn(4).astype(np.float32)}
+    expected = _run(model, feeds)
+    rewritten = _copy(model)
+    assert _passes.rewrite_sum_of_squares(rewritten) == 1
+    types = _passes.op_types(rewritten.graph.node)
+    assert types.count("ReduceSumSquare") == 1 and types.count("Mul") == 1
+    for got, ref in zip(_run(rewritten, feeds), expected):
+        np.testing.assert_allclose(got, ref, rtol=1e-6)
+
+
+def test_a_repeated_product_in_a_sum_is_added_once_with_its_scale_doubled():
+    model = _model(
+        [
+            helper.make_node("Mul", ["s", "w"], ["t"]),
+            helper.make_node("Sum", ["t", "g", "t"], ["y"]),
+            helper.make_node("Mul", ["s", "w"], ["u"]),
+            helper.make_node("Sum", ["u", "u"], ["z"]),
+            helper.make_node("Mul", ["w", "w"], ["r"]),
+            helper.make_node("Sum", ["r", "r", "g"], ["kept"]),  # no smaller operand
+        ],
+        [_info("s", [1, 1]), _info("w", [4, 3]), _info("g", [4, 3])],
+        [_info("y", [4, 3]), _info("z", [4, 3]), _info("kept", [4, 3])],
+    )
+    rng = np.random.RandomState(0)
+    feeds = {n: rng.randn(*s).astype(np.float32) for n, s in (("s", (1, 1)), ("w", (4, 3)))}
+    feeds["g"] = rng.randn(4, 3).astype(np.float32)
+    expected = _run(model, feeds)
+    rewritten = _copy(model)
+    assert _passes.rewrite_repeated_terms(rewritten) == 2
+    by_output = {n.output[0]: n for n in rewritten.graph.node}
+    assert by_output["y"].op_type == "Add" and sorted(by_output["y"].input) == ["g", "t"]
+    assert by_output["z"].op_type == "Identity"
+    assert by_output["kept"].op_type == "Sum"
+    for got, ref in zip(_run(rewritten, feeds), expected):
+        np.testing.assert_allclose(got, ref, rtol=1e-6)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_the_l2_penalty_makes_no_weight_sized_products_in_the_step_graph(optimizer):
+    # MLPRegressor's alpha=1e-4 by default: sum(W * W) and its two equal adjoints
+    # were three weight-sized tensors per layer before the passes
+    backend = _backend(_regressor(hidden=(16, 8), optimizer=optimizer))
+    model, _ = standard.step_graph(
+        backend.training_model, backend.weight_names, backend.shapes, backend.optimizer, 32, 1
+    )
+    weights = set(backend.weight_names)
+    products = [n for n in model.graph.node if n.op_type == "Mul" and n.input[0] == n.input[1]]
+    assert not [n for n in products if n.input[0] in weights]
+    squares = [n for n in model.graph.node if n.op_type == "ReduceSumSquare"]
+    assert len(squares) == 3  # one per coefficient matrix
+    shapes = _passes.static_shapes(model)
+    sizes = {int(np.prod(s)) for s in backend.shapes if len(s) == 2}
+    for node in model.graph.node:  # the weights' gradients: no term added twice
+        shape = shapes.get(node.output[0])
+        if node.op_type == "Sum" and shape and int(np.prod(shape)) in sizes:
+            assert len(set(node.input)) == len(node.input), node
+    scaled = [n for n in model.graph.node if any(i.endswith("_scaled") for i in n.input)]
+    assert len(scaled) == 3  # each matrix's penalty gradient, once

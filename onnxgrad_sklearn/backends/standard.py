@@ -40,8 +40,10 @@ from .._passes import (
     rewrite_broadcast_expands,
     rewrite_leading_sums,
     rewrite_noop_expands,
+    rewrite_repeated_terms,
     rewrite_reshape_chains,
     rewrite_sigmoid_adjoints,
+    rewrite_sum_of_squares,
     rewrite_unit_reductions,
     rewrite_unit_transposes,
     static_shapes,
@@ -174,7 +176,9 @@ def _simplify(model: onnx.ModelProto) -> None:
         "unit reductions": rewrite_unit_reductions(model, shapes),
         "identities": drop_identities(model),
         "duplicates": merge_duplicate_nodes(model),
+        "sums of squares": rewrite_sum_of_squares(model),
     }
+    counts["repeated terms"] = rewrite_repeated_terms(model, shapes)
     counts["leading sums"] = rewrite_leading_sums(model, shapes)
     counts["reshape chains"] = rewrite_reshape_chains(model, shapes)
     counts["identities"] += drop_identities(model)
