@@ -922,6 +922,9 @@ class BaseOrtGradient(BaseEstimator):
             self.best_loss_ = loss
 
     def _store_weights(self, trained):
+        # The previous fit's sessions (a copy of the weights each) go before the new
+        # model is made; predict makes them again should this not reach its end.
+        self._session = self._logit_session = None
         conv = self._converted
         indices = self._trained_indices()
         values = conv.initializer_values(skip=set(indices))
@@ -1026,6 +1029,8 @@ class BaseOrtGradient(BaseEstimator):
     def _run_onnx(self, X, trained_graph=False):
         """Run the exported model (or the trained graph) on X; return its outputs by name."""
         check_is_fitted(self)
+        if self.__dict__.get("_session") is None:  # a fit that stopped while storing
+            self._make_sessions()
         if "_raw_columns" in self.__dict__:  # fitted on a DataFrame's raw columns
             return run_raw(self, X, trained_graph)
         X = validate_data(

@@ -579,7 +579,24 @@ class BoundRun:
         self._session._sess.run_with_iobinding(self._binding, self._run_options)
 
 
-class DoubleBuffers:
+class _BufferSets:
+    """What :class:`DoubleBuffers` and :class:`DeviceBuffers` share: binding a vector."""
+
+    def binder(self, binding, name: str, parity, k: int, i: int | None = None, output=False):
+        raise NotImplementedError
+
+    def bind(self, binding, name: str, parity, k: int, i: int | None = None, output=False):
+        """Bind vector ``k`` of a set (``i=None``), or weight ``i``'s part of it, to ``name``.
+
+        ``parity=None``: the current set. :class:`DoubleBuffers` binds its
+        ``OrtValue`` views, :class:`DeviceBuffers` binds by address
+        (:func:`bind_address`).
+        """
+        bind, args = self.binder(binding, name, parity, k, i, output)
+        bind(*args)
+
+
+class DoubleBuffers(_BufferSets):
     """Weights and optimizer state in two sets of vectors an update alternates between.
 
     Each set holds the weights end to end in one vector (float32, or the
@@ -668,14 +685,6 @@ class DoubleBuffers:
         """Copies of each weight's part of vector ``k`` of a set (the current one by default)."""
         return [v.copy() for v in self.views[self.current if parity is None else parity][k]]
 
-    def bind(self, binding, name: str, parity, k: int, i: int | None = None, output=False):
-        """Bind vector ``k`` of a set (``i=None``), or weight ``i``'s part of it, to ``name``.
-
-        ``parity=None``: the current set. The ``OrtValue`` views are bound.
-        """
-        bind, args = self.binder(binding, name, parity, k, i, output)
-        bind(*args)
-
     def binder(self, binding, name: str, parity, k: int, i: int | None = None, output=False):
         """``(function, arguments)`` of what :meth:`bind` calls, to call again cheaply."""
         p = self.current if parity is None else parity
@@ -722,7 +731,7 @@ def _address_args(name, device, dtype, shape, address) -> tuple:
     return name, device, np.dtype(dtype).type, [int(d) for d in shape], int(address)
 
 
-class DeviceBuffers:
+class DeviceBuffers(_BufferSets):
     """:class:`DoubleBuffers` in runtime memory on any device, bound by address.
 
     Each vector of each set is one ``OrtValue`` the runtime allocated on the
@@ -823,14 +832,6 @@ class DeviceBuffers:
         """Address of vector ``k`` of a set, or of weight ``i``'s part of it."""
         base = self.vectors[self._parity(parity)][k].data_ptr()
         return base if i is None else base + self.offsets[i] * self.dtype.itemsize
-
-    def bind(self, binding, name: str, parity, k: int, i: int | None = None, output=False):
-        """Bind vector ``k`` of a set (``i=None``), or weight ``i``'s part of it, to ``name``.
-
-        ``parity=None``: the current set. Bound by address (:func:`bind_address`).
-        """
-        bind, args = self.binder(binding, name, parity, k, i, output)
-        bind(*args)
 
     def binder(self, binding, name: str, parity, k: int, i: int | None = None, output=False):
         """``(function, arguments)`` of what :meth:`bind` calls, to call again cheaply.

@@ -453,3 +453,47 @@ def test_an_onnx_loss_whose_rows_may_mix_is_not_padded(monkeypatch):
     loss = OnnxLoss(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]))
     est, seen = _short_last_batch_fit(monkeypatch, pad=True, loss=loss)
     assert (26, 26) in seen and len(est._engine._backend._steps) == 2
+
+
+# step graphs kept for the process ---------------------------------------------------
+def test_a_new_fit_of_the_same_model_reuses_the_step_graph(monkeypatch):
+    import onnx_ad
+
+    from onnxgrad_sklearn.backends import standard
+
+    X, y = _data()
+    calls = []
+    reverse = onnx_ad.reverse
+    monkeypatch.setattr(onnx_ad, "reverse", lambda *a, **k: calls.append(1) or reverse(*a, **k))
+    monkeypatch.setattr(standard, "_STEP_GRAPHS", type(standard._STEP_GRAPHS)())
+    params = dict(optimizer="nesterov", batch_size=40, max_iter=3, random_state=0)
+    first = _mlp(backend="standard", **params).fit(X, y)
+    assert len(calls) == 1  # the one batch size of the fit (120 rows in batches of 40)
+    second = _mlp(backend="standard", **params).fit(X, y)
+    assert len(calls) == 1
+    assert second.loss_curve_ == first.loss_curve_
+    for a, b in zip(second.estimator_.coefs_, first.estimator_.coefs_):
+        np.testing.assert_array_equal(a, b)
+    # another update rule, batch size or model is another graph
+    _mlp(backend="standard", **dict(params, optimizer="adam")).fit(X, y)
+    _mlp(backend="standard", **dict(params, batch_size=60)).fit(X, y)
+    OrtGradientRegressor(MLPRegressor(hidden_layer_sizes=(7,)), backend="standard", **params).fit(
+        X, y
+    )
+    assert len(calls) == 4
+
+
+def test_an_operator_onnx_ad_refuses_is_a_clear_error_at_fit(monkeypatch):
+    import onnx_ad
+
+    from onnxgrad_sklearn.backends import standard
+
+    def refuse(*args, **kwargs):
+        raise onnx_ad.UnsupportedOperator("no reverse rule for Foo")
+
+    monkeypatch.setattr(onnx_ad, "reverse", refuse)
+    monkeypatch.setattr(standard, "_STEP_GRAPHS", type(standard._STEP_GRAPHS)())
+    X, y = _data()
+    est = _mlp(backend="standard", max_iter=2)
+    with pytest.raises(ValueError, match=r"backend='standard' cannot differentiate.*Foo"):
+        est.fit(X, y)

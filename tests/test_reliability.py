@@ -330,3 +330,30 @@ def test_partial_fit_divergence_on_the_last_update_is_caught():
     with pytest.warns(ConvergenceWarning, match="diverged"):
         est.partial_fit(X, y)
     assert np.all(np.isfinite(est.predict(X)))
+
+
+def test_a_fit_stopped_while_storing_its_weights_leaves_a_usable_estimator(monkeypatch):
+    X, y = _data("regressor", n=100)
+    est = OrtGradientRegressor(
+        MLPRegressor(hidden_layer_sizes=(6,)), max_iter=2, warm_start=True, random_state=0
+    ).fit(X, y)
+    from onnxgrad_sklearn import _base
+
+    def broken(self):
+        raise RuntimeError("export failed")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(_base.BaseOrtGradient, "_export", broken)
+        with pytest.raises(RuntimeError, match="export failed"):
+            est.fit(X, y)
+    # the sessions dropped before the new model was made are made again on demand
+    predicted = est.predict(X)
+    assert np.all(np.isfinite(predicted))
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(
+        est.to_onnx().SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    np.testing.assert_allclose(
+        session.run(None, {"X": X.astype(np.float32)})[0].ravel(), predicted, rtol=1e-5, atol=1e-6
+    )

@@ -26,6 +26,13 @@ pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceW
 BATCHES = (1, 7, 64)
 
 
+@pytest.fixture(autouse=True)
+def _no_step_graphs_kept(monkeypatch):
+    # the tests build the same step graphs with and without the passes
+    monkeypatch.setattr(standard, "_STEP_GRAPHS", type(standard._STEP_GRAPHS)())
+    monkeypatch.setattr(standard, "_STEP_GRAPHS_KEPT", 0)
+
+
 def _backend(estimator, n_features=5, n=64, seed=0):
     """The standard backend of ``estimator`` fitted one epoch on random data."""
     rng = np.random.RandomState(seed)

@@ -380,8 +380,12 @@ class Backend:
         self.step = 0
         self._previous = None
         names = self.optimizer.state_names
-        initial = [self.optimizer.init_state(w) for w in self.get_weights()]
+        initial = [self.optimizer.init_state(w) for w in self._current_weights()]
         self._load_state([[st[name] for name in names] for st in initial])
+
+    def _current_weights(self) -> list[np.ndarray]:
+        """The current weights, to read only: views where the backend has them, else copies."""
+        return self.get_weights()
 
     def get_weights(self) -> list[np.ndarray]:
         """Return copies of the current weights."""

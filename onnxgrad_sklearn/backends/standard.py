@@ -17,8 +17,10 @@ goes back to.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
+import threading
 from collections import OrderedDict
 
 import numpy as np
@@ -81,6 +83,13 @@ UPDATE = "update/"
 DOUBLE_DISABLED_OPTIMIZERS = ["MatmulTransposeFusion", "MatMulScaleFusion"]
 #: Graphs kept per kind (batch sizes); a fit meets one or two.
 _CACHED = 4
+#: Step graphs kept for the whole process (by training graph, update rule and batch
+#: shape): a new fit of the same model (``GridSearchCV``, repeated fits, a clone)
+#: skips onnx-ad and the passes. Graphs only: their weights are inputs, so an entry
+#: is small; sessions, which hold memory plans, stay with their backend.
+_STEP_GRAPHS: OrderedDict = OrderedDict()
+_STEP_GRAPHS_KEPT = 16
+_STEP_GRAPHS_LOCK = threading.Lock()
 #: Train CPU fits through the device code path (:class:`~onnxgrad_sklearn.runtime.DeviceBuffers`
 #: in runtime memory, bound by address, everything rebound at each call) instead of
 #: numpy buffers: the code CUDA runs, for tests on machines without a GPU.
@@ -210,17 +219,43 @@ def step_graph(
     vectors (:class:`~onnxgrad_sklearn.runtime.DeviceBuffers` aligns each weight);
     their gradient is zero, so an element-wise rule leaves them as they are.
     """
-    grad = gradient_graph(graph, weight_names, batch, targets)
-    adjoints = [o.name for o in grad.graph.output[1:]]
-    del grad.graph.output[1:]
     flat = bool(optimizer.elementwise)
     dtype = model_dtype(graph)
     layout = list(shapes)
-    if flat and pads is not None and any(pads):
-        # the padding as weights of their own, between the real ones
-        layout, sources = [], []
-        for a, shape, pad in zip(adjoints, shapes, pads):
+    padded = flat and pads is not None and any(pads)
+    if padded:  # the padding as weights of their own, between the real ones
+        layout = []
+        for shape, pad in zip(shapes, pads):
             layout.append(shape)
+            if pad:
+                layout.append((pad,))
+    if dtype == np.float32:  # an optimizer of its own may not take a dtype
+        update = optimizer.build_update_model(layout, flat=flat)
+    else:
+        update = optimizer.build_update_model(layout, flat=flat, dtype=dtype)
+    key = (
+        _digest(graph),
+        _digest(update),
+        tuple(weight_names),
+        tuple(map(tuple, shapes)),
+        tuple(pads) if padded else None,
+        batch,
+        targets,
+    )
+    with _STEP_GRAPHS_LOCK:
+        cached = _STEP_GRAPHS.get(key)
+        if cached is not None:
+            _STEP_GRAPHS.move_to_end(key)
+    if cached is not None:
+        model = onnx.ModelProto()
+        model.CopyFrom(cached)
+        return model, flat
+    grad = gradient_graph(graph, weight_names, batch, targets)
+    adjoints = [o.name for o in grad.graph.output[1:]]
+    del grad.graph.output[1:]
+    if padded:
+        sources = []
+        for a, pad in zip(adjoints, pads):
             sources.append(a)
             if pad:
                 zeros = f"padding_gradient_{pad}"
@@ -228,13 +263,8 @@ def step_graph(
                     grad.graph.initializer.append(
                         onnx.numpy_helper.from_array(np.zeros(pad, dtype=dtype), zeros)
                     )
-                layout.append((pad,))
                 sources.append(zeros)
         adjoints = sources
-    if dtype == np.float32:  # an optimizer of its own may not take a dtype
-        update = optimizer.build_update_model(layout, flat=flat)
-    else:
-        update = optimizer.build_update_model(layout, flat=flat, dtype=dtype)
     if flat:
         # the flat rule reshapes each gradient to a vector itself
         connect = {f"grad_{i}": a for i, a in enumerate(adjoints)}
@@ -250,7 +280,17 @@ def step_graph(
             connect[f"param_{i}"] = weight_names[i]
     merge_update(grad, update, connect, prefix=UPDATE)
     _simplify(grad)
+    kept = onnx.ModelProto()
+    kept.CopyFrom(grad)
+    with _STEP_GRAPHS_LOCK:
+        _STEP_GRAPHS[key] = kept
+        while len(_STEP_GRAPHS) > _STEP_GRAPHS_KEPT:
+            _STEP_GRAPHS.popitem(last=False)
     return grad, flat
+
+
+def _digest(model: onnx.ModelProto) -> bytes:
+    return hashlib.blake2b(model.SerializeToString(deterministic=True), digest_size=16).digest()
 
 
 class _StepRun:
@@ -305,9 +345,6 @@ class StandardBackend(Backend):
                 "Write the loss or the model with other operators, or try backend='agent' "
                 "(see docs/how_it_works.md for what each backend differentiates)."
             )
-        gradient_graph(
-            self.training_model, self.weight_names, 1, 1
-        )  # refuses what onnx-ad cannot do
         warn_zero_derivatives(training, self.weight_names)
         n_state = len(optimizer.state_names)
         #: Whether the buffers are runtime memory bound by address (CUDA, or the CPU
@@ -363,6 +400,11 @@ class StandardBackend(Backend):
 
     def get_weights(self):
         return self._buffers.read(0)
+
+    def _current_weights(self):
+        if self.device_buffers:
+            return self.get_weights()
+        return list(self._buffers.views[self._buffers.current][0])  # no copy of the weights
 
     def _state_arrays(self):
         per_k = [self._buffers.read(1 + k) for k in range(self._buffers.n_state)]
