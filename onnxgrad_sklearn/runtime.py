@@ -615,9 +615,7 @@ class DoubleBuffers(_BufferSets):
     n_state : int
         Number of state tensors per weight.
     n_sets : int, default=2
-        Number of sets. The standard backend keeps three: its fused step writes
-        the update even when the loss turns out non-finite, into a set that is
-        neither the current one nor the one before the last update.
+        Number of sets: an update reads one and writes another.
     dtype : numpy dtype, default=numpy.float32
         Type of the vectors (the training dtype).
 

@@ -184,9 +184,14 @@ def _engine(optimizer, backend="standard"):
     return est._engine, [(X[i : i + 32], y2d[i : i + 32], sw[i : i + 32]) for i in (0, 32, 64)]
 
 
+@pytest.mark.parametrize("two_sets", [False, True], ids=["three-sets", "two-sets"])
 @pytest.mark.parametrize("optimizer", [Nesterov(0.9), "adam", _PerTensorNesterov(0.9)])
-def test_standard_backend_undo_and_restore(optimizer):
+def test_standard_backend_undo_and_restore(optimizer, two_sets, monkeypatch):
+    from onnxgrad_sklearn.backends import standard
+
+    monkeypatch.setattr(standard, "TWO_SETS_FROM", 0 if two_sets else 10**9)
     engine, batches = _engine(optimizer)
+    assert engine._backend.guarded == two_sets
     assert engine.backend == "standard"
     engine.train_batch(*batches[0], 0.01)
     before = engine.get_weights(), engine.get_state()
@@ -497,3 +502,76 @@ def test_an_operator_onnx_ad_refuses_is_a_clear_error_at_fit(monkeypatch):
     est = _mlp(backend="standard", max_iter=2)
     with pytest.raises(ValueError, match=r"backend='standard' cannot differentiate.*Foo"):
         est.fit(X, y)
+
+
+# the update applied only after a finite loss ------------------------------------------
+@pytest.mark.parametrize("device_buffers", [False, True], ids=["numpy", "device-code"])
+@pytest.mark.parametrize("optimizer", [Nesterov(0.9), "adam", _PerTensorNesterov(0.9)])
+def test_a_non_finite_loss_leaves_both_sets_and_undo_goes_two_steps_back(
+    optimizer, device_buffers, monkeypatch
+):
+    from onnxgrad_sklearn.backends import standard
+
+    monkeypatch.setattr(standard, "DEVICE_BUFFERS_ON_CPU", device_buffers)
+    monkeypatch.setattr(standard, "TWO_SETS_FROM", 0)  # as for a model of 1M weights
+    engine, batches = _engine(optimizer)
+    backend = engine._backend
+    buffers = backend._buffers
+    assert backend.guarded
+    assert len(buffers.vectors if device_buffers else buffers.arrays) == 2  # two sets
+    start = engine.get_weights(), engine.get_state()
+    engine.train_batch(*batches[0], 0.01)
+    engine.train_batch(*batches[1], 0.01)
+    current = engine.get_weights(), engine.get_state()
+
+    def both_sets():
+        saved = []
+        for parity in (0, 1):
+            for k in range(1 + len(backend.optimizer.state_names)):
+                saved.extend(backend._buffers.read(k, parity))
+        return saved
+
+    sets = both_sets()
+    X, y, sw = batches[2]
+    bad = X.copy()
+    bad[3, 1] = np.inf
+    assert not np.isfinite(engine.train_batch(bad, y, sw, 0.01))
+    for a, b in zip(sets, both_sets()):  # the set the step wrote is as it was
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(current[0], engine.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    # the weights that gave the non-finite loss were made by the last update: undo
+    # goes back to before it, the set the guarded step did not touch
+    engine.undo_last_step()
+    assert engine.step == start[1]["step"] + 1
+    engine.undo_last_step()  # nothing more
+    assert engine.step == start[1]["step"] + 1
+    engine2, _ = _engine(optimizer)
+    engine2.train_batch(*batches[0], 0.01)
+    for a, b in zip(engine2.get_weights(), engine.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    for sa, sb in zip(engine2.get_state()["state"], engine.get_state()["state"]):
+        for a, b in zip(sa, sb):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_the_step_graph_runs_backward_and_update_only_after_a_finite_loss():
+    from onnxgrad_sklearn.backends import standard
+
+    engine, _ = _engine(Nesterov(0.9))
+    backend = engine._backend
+    # a small model: three sets, no If
+    assert not backend.guarded and len(backend._buffers.arrays) == 3
+    args = (backend.training_model, backend.weight_names, backend.shapes, backend.optimizer)
+    plain, _ = standard.step_graph(*args, 32, 1)
+    assert "If" not in [n.op_type for n in plain.graph.node]
+    model, flat = standard.step_graph(*args, 32, 1, guard=True)
+    guards = [n for n in model.graph.node if n.op_type == "If"]
+    assert flat and len(guards) == 1
+    then_branch = next(a.g for a in guards[0].attribute if a.name == "then_branch")
+    inside = {n.op_type for n in then_branch.node}
+    assert {"MatMul", "Concat", "Add"} <= inside  # the backward pass and the flat update
+    outside = [n for n in model.graph.node if n is not guards[0]]
+    # outside: the forward pass and the loss only (no node reads an adjoint)
+    assert not [n for n in outside if any(i.startswith("adj_") for i in n.input)]
+    assert {i.name for i in model.graph.input} >= {"update/kept_param", "update/kept_velocity"}

@@ -33,6 +33,18 @@ def _no_step_graphs_kept(monkeypatch):
     monkeypatch.setattr(standard, "_STEP_GRAPHS_KEPT", 0)
 
 
+@pytest.fixture
+def unguarded(monkeypatch):
+    """``step_graph`` without the ``If`` on the loss: its nodes all in the main graph."""
+
+    def step_graph(*args, **kwargs):
+        with monkeypatch.context() as patch:
+            patch.setattr(standard, "guard_update", lambda model: None)
+            return standard.step_graph(*args, **kwargs)
+
+    return step_graph
+
+
 def _backend(estimator, n_features=5, n=64, seed=0):
     """The standard backend of ``estimator`` fitted one epoch on random data."""
     rng = np.random.RandomState(seed)
@@ -91,9 +103,9 @@ def _names_only(model):
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 @pytest.mark.parametrize("batch", [7, 64, 256])
-def test_no_batch_sum_or_unit_sum_left_in_the_mlp_step_graph(batch, optimizer):
+def test_no_batch_sum_or_unit_sum_left_in_the_mlp_step_graph(batch, optimizer, unguarded):
     backend = _backend(_regressor(hidden=(16, 8, 1), optimizer=optimizer))
-    model, _ = standard.step_graph(
+    model, _ = unguarded(
         backend.training_model,
         backend.weight_names,
         backend.shapes,
@@ -115,11 +127,11 @@ def test_no_batch_sum_or_unit_sum_left_in_the_mlp_step_graph(batch, optimizer):
     assert "Expand" not in _passes.op_types(model.graph.node)
 
 
-def test_the_passes_remove_nodes_from_the_step_graph(monkeypatch):
+def test_the_passes_remove_nodes_from_the_step_graph(monkeypatch, unguarded):
     backend = _backend(_regressor())
 
     def graph():
-        return standard.step_graph(
+        return unguarded(
             backend.training_model, backend.weight_names, backend.shapes, backend.optimizer, 32, 1
         )[0]
 
@@ -530,11 +542,11 @@ def test_a_repeated_product_in_a_sum_is_added_once_with_its_scale_doubled():
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_the_l2_penalty_makes_no_weight_sized_products_in_the_step_graph(optimizer):
+def test_the_l2_penalty_makes_no_weight_sized_products_in_the_step_graph(optimizer, unguarded):
     # MLPRegressor's alpha=1e-4 by default: sum(W * W) and its two equal adjoints
     # were three weight-sized tensors per layer before the passes
     backend = _backend(_regressor(hidden=(16, 8), optimizer=optimizer))
-    model, _ = standard.step_graph(
+    model, _ = unguarded(
         backend.training_model, backend.weight_names, backend.shapes, backend.optimizer, 32, 1
     )
     weights = set(backend.weight_names)

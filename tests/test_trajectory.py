@@ -86,6 +86,23 @@ def test_weights_and_loss_curve_match_mlpregressor(fitted_mlp, name, backend):
     assert ours.t_ == ref.t_
 
 
+@pytest.mark.parametrize("name", sorted(SOLVERS))
+def test_the_two_set_step_of_large_models_matches_mlpregressor(fitted_mlp, name, monkeypatch):
+    """The standard backend's step for models of 1M weights and more (two sets of
+    buffers, the update applied only after a finite loss), here on a small one."""
+    from onnxgrad_sklearn.backends import standard
+
+    monkeypatch.setattr(standard, "TWO_SETS_FROM", 0)
+    mlp, X, y = fitted_mlp
+    optimizer, sk_params = SOLVERS[name]
+    ours, ref = _continue_both(mlp, X, y, optimizer, sk_params, backend="standard")
+    assert ours._engine._backend.guarded
+    trained = ours.estimator_
+    for a, b in zip(trained.coefs_ + trained.intercepts_, ref.coefs_ + ref.intercepts_):
+        assert rel_error(a, b) < 1e-4
+    np.testing.assert_allclose(ours.loss_curve_, ref.loss_curve_[-5:], rtol=1e-4)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", ["sgd", "nesterov"])
 def test_invscaling_schedule_matches_mlpregressor(fitted_mlp, name, backend):

@@ -10,9 +10,10 @@ the session through IO binding then runs forward, loss, backward and update,
 reading one set of :class:`~onnxgrad_sklearn.runtime.DoubleBuffers` (CPU) or
 :class:`~onnxgrad_sklearn.runtime.DeviceBuffers` (CUDA: device memory bound by
 address) and writing another: nothing is allocated per batch and undoing the
-last step is free. Three sets are kept: the update is written before its loss is
-known, so a batch with a non-finite loss must not overwrite the set the undo
-goes back to.
+last step is free. A batch with a non-finite loss must leave the set the undo goes
+back to as it was: small models keep a third set to write into; from
+:data:`TWO_SETS_FROM` weights on, the update is applied only after a finite loss
+(:func:`guard_update`, an ``If`` in the graph) and two sets are enough.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import onnxruntime
 
 from .._graph import model_dtype
 from .._passes import (
+    _subgraphs,
     constant_input,
     differentiated_nodes,
     drop_identities,
@@ -90,6 +92,12 @@ _CACHED = 4
 _STEP_GRAPHS: OrderedDict = OrderedDict()
 _STEP_GRAPHS_KEPT = 16
 _STEP_GRAPHS_LOCK = threading.Lock()
+#: From this many weights on, a fit keeps two sets of weights and optimizer state
+#: instead of three, its step graph applying the update only after a finite loss
+#: (:func:`guard_update`): one set fewer (8 MB per million weights and state
+#: vector), for about 5 us per step that the ``If`` costs, which only small models,
+#: whose steps take tens of microseconds, would notice.
+TWO_SETS_FROM = 1_000_000
 #: Train CPU fits through the device code path (:class:`~onnxgrad_sklearn.runtime.DeviceBuffers`
 #: in runtime memory, bound by address, everything rebound at each call) instead of
 #: numpy buffers: the code CUDA runs, for tests on machines without a GPU.
@@ -206,6 +214,7 @@ def step_graph(
     batch: int,
     targets: int | None = None,
     pads=None,
+    guard: bool = False,
 ) -> tuple[onnx.ModelProto, bool]:
     """Return the fused training step for one batch size, and whether it updates flat vectors.
 
@@ -218,6 +227,9 @@ def step_graph(
     ``pads[i]`` (flat rules only): unused elements after weight ``i`` in the
     vectors (:class:`~onnxgrad_sklearn.runtime.DeviceBuffers` aligns each weight);
     their gradient is zero, so an element-wise rule leaves them as they are.
+
+    ``guard=True``: the backward pass and the update run only after a finite loss
+    (:func:`guard_update`), with an input ``update/kept_<x>`` per output.
     """
     flat = bool(optimizer.elementwise)
     dtype = model_dtype(graph)
@@ -241,6 +253,7 @@ def step_graph(
         tuple(pads) if padded else None,
         batch,
         targets,
+        guard,
     )
     with _STEP_GRAPHS_LOCK:
         cached = _STEP_GRAPHS.get(key)
@@ -280,6 +293,8 @@ def step_graph(
             connect[f"param_{i}"] = weight_names[i]
     merge_update(grad, update, connect, prefix=UPDATE)
     _simplify(grad)
+    if guard:
+        guard_update(grad)
     kept = onnx.ModelProto()
     kept.CopyFrom(grad)
     with _STEP_GRAPHS_LOCK:
@@ -287,6 +302,106 @@ def step_graph(
         while len(_STEP_GRAPHS) > _STEP_GRAPHS_KEPT:
             _STEP_GRAPHS.popitem(last=False)
     return grad, flat
+
+
+def kept_name(output: str) -> str:
+    """The input of the step graph holding what ``output`` keeps after a non-finite loss."""
+    return output.replace(UPDATE + "new_", UPDATE + "kept_", 1)
+
+
+def guard_update(model: onnx.ModelProto) -> None:
+    """Apply the update only when the loss is finite, in place (an ``If`` on the loss).
+
+    The nodes the loss does not need (the backward pass and the update) move
+    into the ``then`` branch of an ``If`` whose condition is ``loss - loss == 0``
+    (false for an infinite or NaN loss): a non-finite loss costs no backward
+    pass. The ``else`` branch returns, for each output ``update/new_<x>``, a new
+    input ``update/kept_<x>``: the backend binds it to the very memory the output
+    is written to, so a batch with a non-finite loss leaves the set it writes as it
+    was. Two sets of buffers are then enough for the undo of the last step.
+    onnxruntime writes a branch's outputs into the ``If``'s own (the bound
+    buffers), and its ``Identity`` does not copy a tensor onto itself.
+    """
+    graph = model.graph
+    targets = [o for o in graph.output if o.name != LOSS]
+    names = {o.name for o in targets}
+    # everything the loss does not need (the backward pass and the update) moves
+    needed = {LOSS}
+    moved = {}
+    for node in reversed(graph.node):
+        if needed.isdisjoint(node.output):
+            moved[id(node)] = node
+        else:
+            needed.update(node.input)
+            for sub in _subgraphs(node):
+                needed.update(name for n in sub.node for name in n.input)
+    inside = [n for n in graph.node if id(n) in moved]
+    renamed = {name: name + "_finite" for name in names}
+    then_nodes = []
+    for node in inside:
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        copy.input[:] = [renamed.get(i, i) for i in copy.input]
+        copy.output[:] = [renamed.get(o, o) for o in copy.output]
+        then_nodes.append(copy)
+    produced = {o for n in inside for o in n.output}
+    for name in sorted(names - produced):  # computed outside the update: passed through
+        computed = name + "_computed"
+        for node in graph.node:
+            node.output[:] = [computed if o == name else o for o in node.output]
+            node.input[:] = [computed if i == name else i for i in node.input]
+        then_nodes.append(onnx.helper.make_node("Identity", [computed], [renamed[name]]))
+
+    def infos(suffix):
+        out = []
+        for o in targets:
+            info = onnx.ValueInfoProto()
+            info.CopyFrom(o)
+            info.name = o.name + suffix
+            out.append(info)
+        return out
+
+    then_branch = onnx.helper.make_graph(then_nodes, "finite_loss", [], infos("_finite"))
+    else_nodes = [
+        onnx.helper.make_node("Identity", [kept_name(o.name)], [o.name + "_kept"]) for o in targets
+    ]
+    else_branch = onnx.helper.make_graph(else_nodes, "non_finite_loss", [], infos("_kept"))
+    for o in targets:
+        info = onnx.ValueInfoProto()
+        info.CopyFrom(o)
+        info.name = kept_name(o.name)
+        graph.input.append(info)
+    loss_type = next(o for o in graph.output if o.name == LOSS).type.tensor_type.elem_type
+    zero = UPDATE + "guard_zero"
+    graph.initializer.append(
+        onnx.numpy_helper.from_array(
+            np.zeros((), dtype=onnx.helper.tensor_dtype_to_np_dtype(loss_type)), zero
+        )
+    )
+    kept_nodes = [n for n in graph.node if id(n) not in moved]
+    del graph.node[:]
+    graph.node.extend(kept_nodes)
+    graph.node.extend(
+        [
+            onnx.helper.make_node(
+                "Sub", [LOSS, LOSS], [UPDATE + "loss_minus_loss"], name=UPDATE + "guard_sub"
+            ),
+            onnx.helper.make_node(
+                "Equal",
+                [UPDATE + "loss_minus_loss", zero],
+                [UPDATE + "loss_is_finite"],
+                name=UPDATE + "guard_finite",
+            ),
+            onnx.helper.make_node(
+                "If",
+                [UPDATE + "loss_is_finite"],
+                [o.name for o in targets],
+                name=UPDATE + "guard",
+                then_branch=then_branch,
+                else_branch=else_branch,
+            ),
+        ]
+    )
 
 
 def _digest(model: onnx.ModelProto) -> bytes:
@@ -350,12 +465,16 @@ class StandardBackend(Backend):
         #: Whether the buffers are runtime memory bound by address (CUDA, or the CPU
         #: through the same code), rather than numpy memory bound as OrtValue views.
         self.device_buffers = on_device or DEVICE_BUFFERS_ON_CPU
+        #: Whether the step applies its update only after a finite loss (two sets of
+        #: buffers, :func:`guard_update`) rather than writing a third set (small models).
+        self.guarded = sum(int(np.prod(shape)) for shape in self.shapes) >= TWO_SETS_FROM
+        n_sets = 2 if self.guarded else 3
         if self.device_buffers:
             self._buffers = DeviceBuffers(
-                self.shapes, n_state, n_sets=3, dtype=self.dtype, device=self.device
+                self.shapes, n_state, n_sets=n_sets, dtype=self.dtype, device=self.device
             )
         else:
-            self._buffers = DoubleBuffers(self.shapes, n_state, n_sets=3, dtype=self.dtype)
+            self._buffers = DoubleBuffers(self.shapes, n_state, n_sets=n_sets, dtype=self.dtype)
         self._buffers.write(0, start)
         # The batches (X, y, sample_weight) and the learning rate are CPU values on every
         # device, bound as OrtValue views of their numpy memory: onnxruntime copies a CPU
@@ -465,13 +584,15 @@ class StandardBackend(Backend):
             batch,
             targets,
             pads=self._buffers.pads,
+            guard=self.guarded,
         )
         logger.debug(
             "standard backend: step graph for batch %d, %d nodes", batch, len(model.graph.node)
         )
         session = self._session(model)
         runs = {}
-        for p, q in itertools.permutations(range(3), 2):  # read set p, write set q
+        sets = 2 if self.guarded else 3
+        for p, q in itertools.permutations(range(sets), 2):  # read set p, write set q
             binding = bindings().SessionIOBinding(session._sess)
             run = runs[p, q] = _StepRun(session, binding, flat, p, q)
             run.inputs = self._step_inputs(run)
@@ -480,20 +601,28 @@ class StandardBackend(Backend):
         return runs
 
     def _step_inputs(self, run: _StepRun) -> list:
-        """What the step reads: the weights and state of set ``run.read``, the rate."""
-        b, binding, p = self._buffers, run.binding, run.read
+        """What the step reads: the weights and state of set ``run.read``, the rate, and
+        when guarded, set ``run.write`` as what a non-finite loss keeps."""
+        b, binding, p, q = self._buffers, run.binding, run.read, run.write
         inputs = [(binding.bind_ortvalue_input, (UPDATE + "learning_rate", self._lr))]
         for i, name in enumerate(self.weight_names):
             inputs.append(b.binder(binding, name, p, 0, i))
         names = self.optimizer.state_names
+        kept = []  # (input name, vector, weight) of what a guarded step keeps
         if run.flat:
             inputs.append(b.binder(binding, UPDATE + "param", p, 0))
+            kept.append((UPDATE + "kept_param", 0, None))
             for k, name in enumerate(names):
                 inputs.append(b.binder(binding, UPDATE + name, p, 1 + k))
+                kept.append((UPDATE + f"kept_{name}", 1 + k, None))
         else:
             for i in range(len(self.shapes)):
+                kept.append((UPDATE + f"kept_param_{i}", 0, i))
                 for k, name in enumerate(names):
                     inputs.append(b.binder(binding, UPDATE + f"{name}_{i}", p, 1 + k, i))
+                    kept.append((UPDATE + f"kept_{name}_{i}", 1 + k, i))
+        if self.guarded:
+            inputs.extend(b.binder(binding, name, q, k, i) for name, k, i in kept)
         return inputs
 
     @staticmethod
@@ -598,9 +727,11 @@ class StandardBackend(Backend):
         key = X.shape[0], y.shape[1]
         runs = self._cached(self._steps, key, lambda: self._make_step(*key))
         b = self._buffers
-        # the set written: neither the current one nor the one undo goes back to
-        before = self._previous[0] if self._previous is not None else (b.current + 2) % 3
-        target = 3 - b.current - before
+        if self.guarded:  # the other set: what undo goes back to, written after a finite loss
+            target = 1 - b.current
+        else:  # neither the current set nor the one undo goes back to
+            before = self._previous[0] if self._previous is not None else (b.current + 2) % 3
+            target = 3 - b.current - before
         self._lr_array[...] = self.optimizer.step_learning_rate(learning_rate, self.step + 1)
         run = runs[b.current, target]
         arrays = (X, y, sample_weight)
@@ -618,7 +749,7 @@ class StandardBackend(Backend):
         self._run(run.session, run.binding)
         loss = float(self._loss_array)
         if not np.isfinite(loss):
-            return loss  # the other set holds what the update made of it: not used
+            return loss  # the set undo goes back to is as it was (kept, or not written)
         self._previous = (b.current, self.step)
         self.step += 1
         b.current = target
