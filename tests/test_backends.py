@@ -575,3 +575,35 @@ def test_the_step_graph_runs_backward_and_update_only_after_a_finite_loss():
     # outside: the forward pass and the loss only (no node reads an adjoint)
     assert not [n for n in outside if any(i.startswith("adj_") for i in n.input)]
     assert {i.name for i in model.graph.input} >= {"update/kept_param", "update/kept_velocity"}
+
+
+@pytest.mark.parametrize("kind", ["classifier", "float64", "early_stopping"])
+def test_two_and_three_sets_train_bit_for_bit_alike(kind, monkeypatch):
+    from onnxgrad_sklearn.backends import standard
+
+    rng = np.random.RandomState(0)
+    X = rng.randn(150, 5)
+    if kind == "classifier":
+        y = np.digitize(X[:, 0] + X[:, 1], [-0.5, 0.5])
+
+        def make():
+            return OrtGradientClassifier(
+                MLPClassifier(hidden_layer_sizes=(12,)), max_iter=4, batch_size=32
+            )
+    else:
+        y = X[:, 0] - 2 * X[:, 1] + 0.1 * rng.randn(150)
+        extra = {"dtype": "float64"} if kind == "float64" else {"early_stopping": True}
+
+        def make():
+            return OrtGradientRegressor(
+                MLPRegressor(hidden_layer_sizes=(12, 6)), max_iter=6, batch_size=40, **extra
+            )
+
+    fits = []
+    for threshold in (10**9, 0):
+        monkeypatch.setattr(standard, "TWO_SETS_FROM", threshold)
+        est = make().set_params(backend="standard", random_state=0, optimizer="nesterov").fit(X, y)
+        assert est._engine._backend.guarded == (threshold == 0)
+        fits.append(est)
+    assert fits[0].loss_curve_ == fits[1].loss_curve_
+    np.testing.assert_array_equal(fits[0].predict(X), fits[1].predict(X))
