@@ -29,6 +29,7 @@ __all__ = [
     "initializers_as_inputs",
     "merge_duplicate_nodes",
     "merge_update",
+    "needed_nodes",
     "op_types",
     "pin_versions",
     "prune",
@@ -394,23 +395,33 @@ def differentiated_nodes(
     return path[::-1]
 
 
+def needed_nodes(graph: onnx.GraphProto, outputs: Iterable[str]) -> tuple[list[bool], set]:
+    """Which nodes of ``graph`` the tensors ``outputs`` need, and the names they read.
+
+    Returns a flag per node (in order) and the set of tensor names read on the way,
+    ``outputs`` and the names subgraphs read from the outer scope included.
+    """
+    needed = set(outputs)
+    used = [False] * len(graph.node)
+    for i in range(len(graph.node) - 1, -1, -1):
+        node = graph.node[i]
+        if needed.isdisjoint(node.output):
+            continue
+        used[i] = True
+        needed.update(node.input)
+        for sub in _subgraphs(node):  # names a subgraph reads from the outer scope
+            needed.update(name for n in sub.node for name in n.input)
+    return used, needed
+
+
 def prune(model: onnx.ModelProto) -> int:
     """Remove the nodes and initializers no graph output needs, in place.
 
     Returns the number of nodes removed.
     """
     graph = model.graph
-    needed = {o.name for o in graph.output}
-    nodes = list(graph.node)
-    removed = {}
-    for i in range(len(nodes) - 1, -1, -1):
-        node = nodes[i]
-        if needed.isdisjoint(node.output):
-            removed[i] = []
-            continue
-        needed.update(node.input)
-        for sub in _subgraphs(node):  # names a subgraph reads from the outer scope
-            needed.update(name for n in sub.node for name in n.input)
+    used, needed = needed_nodes(graph, [o.name for o in graph.output])
+    removed = {i: [] for i, keep in enumerate(used) if not keep}
     _edit_nodes(graph, removed)
     unused = [i for i in graph.initializer if i.name not in needed]
     for init in unused:

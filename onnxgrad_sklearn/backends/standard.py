@@ -31,7 +31,6 @@ import onnxruntime
 
 from .._graph import model_dtype
 from .._passes import (
-    _subgraphs,
     constant_input,
     differentiated_nodes,
     drop_identities,
@@ -39,6 +38,7 @@ from .._passes import (
     initializers_as_inputs,
     merge_duplicate_nodes,
     merge_update,
+    needed_nodes,
     pin_versions,
     prune,
     rewrite_broadcast_expands,
@@ -326,16 +326,9 @@ def guard_update(model: onnx.ModelProto) -> None:
     targets = [o for o in graph.output if o.name != LOSS]
     names = {o.name for o in targets}
     # everything the loss does not need (the backward pass and the update) moves
-    needed = {LOSS}
-    moved = {}
-    for node in reversed(graph.node):
-        if needed.isdisjoint(node.output):
-            moved[id(node)] = node
-        else:
-            needed.update(node.input)
-            for sub in _subgraphs(node):
-                needed.update(name for n in sub.node for name in n.input)
-    inside = [n for n in graph.node if id(n) in moved]
+    for_loss, _ = needed_nodes(graph, [LOSS])
+    inside = [n for n, keep in zip(graph.node, for_loss) if not keep]
+    outside = [n for n, keep in zip(graph.node, for_loss) if keep]
     renamed = {name: name + "_finite" for name in names}
     then_nodes = []
     for node in inside:
@@ -344,13 +337,11 @@ def guard_update(model: onnx.ModelProto) -> None:
         copy.input[:] = [renamed.get(i, i) for i in copy.input]
         copy.output[:] = [renamed.get(o, o) for o in copy.output]
         then_nodes.append(copy)
-    produced = {o for n in inside for o in n.output}
-    for name in sorted(names - produced):  # computed outside the update: passed through
-        computed = name + "_computed"
-        for node in graph.node:
-            node.output[:] = [computed if o == name else o for o in node.output]
-            node.input[:] = [computed if i == name else i for i in node.input]
-        then_nodes.append(onnx.helper.make_node("Identity", [computed], [renamed[name]]))
+    missing = names - {o for n in inside for o in n.output}
+    if missing:  # an update output the loss needs, or no node writes: not a step graph
+        raise ValueError(
+            f"guard_update: the outputs {sorted(missing)} are not computed after the loss."
+        )
 
     def infos(suffix):
         out = []
@@ -378,9 +369,8 @@ def guard_update(model: onnx.ModelProto) -> None:
             np.zeros((), dtype=onnx.helper.tensor_dtype_to_np_dtype(loss_type)), zero
         )
     )
-    kept_nodes = [n for n in graph.node if id(n) not in moved]
     del graph.node[:]
-    graph.node.extend(kept_nodes)
+    graph.node.extend(outside)
     graph.node.extend(
         [
             onnx.helper.make_node(
@@ -468,7 +458,7 @@ class StandardBackend(Backend):
         #: Whether the step applies its update only after a finite loss (two sets of
         #: buffers, :func:`guard_update`) rather than writing a third set (small models).
         self.guarded = sum(int(np.prod(shape)) for shape in self.shapes) >= TWO_SETS_FROM
-        n_sets = 2 if self.guarded else 3
+        self._n_sets = n_sets = 2 if self.guarded else 3
         if self.device_buffers:
             self._buffers = DeviceBuffers(
                 self.shapes, n_state, n_sets=n_sets, dtype=self.dtype, device=self.device
@@ -591,8 +581,7 @@ class StandardBackend(Backend):
         )
         session = self._session(model)
         runs = {}
-        sets = 2 if self.guarded else 3
-        for p, q in itertools.permutations(range(sets), 2):  # read set p, write set q
+        for p, q in itertools.permutations(range(self._n_sets), 2):  # read p, write q
             binding = bindings().SessionIOBinding(session._sess)
             run = runs[p, q] = _StepRun(session, binding, flat, p, q)
             run.inputs = self._step_inputs(run)
