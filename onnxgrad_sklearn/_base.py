@@ -27,6 +27,7 @@ from .runtime import (
     device_to_providers,
     import_onnxruntime,
     intra_op_threads,
+    release_model_bytes,
     session_options,
     session_providers,
 )
@@ -936,6 +937,12 @@ class BaseOrtGradient(BaseEstimator):
         if hasattr(final, "loss_curve_"):  # an MLP: its own counters follow the training
             final.n_iter_, final.t_ = self.n_iter_, self.t_
             final.loss_curve_ = list(final.loss_curve_) + self.loss_curve_[-self.n_iter_ :]
+            if hasattr(final, "_best_coefs"):
+                # the best weights are the trained ones (early stopping went back to
+                # them), as MLPRegressor leaves them after early stopping; views, so
+                # that the initial weights are not kept for the estimator's life
+                final._best_coefs = [c.view() for c in final.coefs_]
+                final._best_intercepts = [i.view() for i in final.intercepts_]
         self._export_model = self._export()
         self._make_sessions()
 
@@ -1010,12 +1017,14 @@ class BaseOrtGradient(BaseEstimator):
         options = session_options(intra_op_threads(getattr(self, "n_jobs", None)))
 
         def session(model):
-            return onnxruntime.InferenceSession(
+            made = onnxruntime.InferenceSession(
                 model.SerializeToString(),
                 sess_options=options,
                 providers=providers,
                 provider_options=provider_options,
             )
+            release_model_bytes(made)
+            return made
 
         # The previous fit's sessions go first: each holds a copy of the weights.
         self._session = self._logit_session = None

@@ -48,6 +48,7 @@ __all__ = [
     "ort_device",
     "ortvalue_view",
     "parse_device",
+    "release_model_bytes",
     "run_with_ortvalues",
     "session_options",
     "session_providers",
@@ -420,6 +421,7 @@ def make_session(
         provider_options=provider_options,
         **kwargs,
     )
+    release_model_bytes(session)
     if providers[0] not in session.get_providers():
         raise RuntimeError(
             f"onnxruntime {ort.__version__} did not start its {providers[0]} (it runs this "
@@ -428,6 +430,17 @@ def make_session(
             "onnxruntime build needs are installed, or use device='cpu'."
         )
     return session
+
+
+def release_model_bytes(session) -> None:
+    """Let ``session`` drop the serialized model it was made from.
+
+    onnxruntime's Python ``InferenceSession`` keeps the bytes it was given for
+    life, only to make the session again in ``set_providers``, which this
+    package never calls: one more copy of the weights per session otherwise.
+    """
+    if isinstance(getattr(session, "_model_bytes", None), bytes):
+        session._model_bytes = None
 
 
 def ort_device(provider: str, device_index: int):

@@ -23,6 +23,7 @@ from sklearn.preprocessing import MinMaxScaler, PolynomialFeatures, StandardScal
 from sklearn.tree import DecisionTreeRegressor
 
 from onnxgrad_sklearn import OrtGradientRegressor
+from onnxgrad_sklearn.backends import agent_available
 from onnxgrad_sklearn.losses import BaseLoss, OnnxLoss, Quantile, SquaredError
 from onnxgrad_sklearn.optim import BaseOptimizer
 
@@ -450,3 +451,57 @@ def test_verbose_shows_progress_bars_over_epochs_and_batches(regression_data, ca
     est = OrtGradientRegressor(verbose=1).fit(X, y)
     err = capsys.readouterr().err
     assert f"{est.n_iter_}/200" in err and "iter" in err and "loss=" in err
+
+
+BACKENDS = [
+    "standard",
+    pytest.param(
+        "agent",
+        marks=pytest.mark.skipif(
+            not agent_available(), reason="onnxruntime-training (the TrainingAgent) not installed"
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("early_stopping", [False, True])
+def test_a_fitted_mlp_keeps_one_copy_of_its_weights(regression_data, early_stopping, backend):
+    X, y = regression_data
+    est = OrtGradientRegressor(
+        MLPRegressor(hidden_layer_sizes=(8,)),
+        early_stopping=early_stopping,
+        backend=backend,
+        max_iter=4,
+        random_state=0,
+    ).fit(X, y)
+    final = est.estimator_
+    # MLPRegressor's best weights are the trained ones, as it leaves them after early
+    # stopping: views of coefs_, not the initial weights kept for the model's life
+    for best, trained in zip(
+        final._best_coefs + final._best_intercepts, final.coefs_ + final.intercepts_
+    ):
+        assert np.shares_memory(best, trained)
+    # no session keeps the serialized model it was made from (a copy of the weights)
+    sessions = [est._session, est._logit_session]
+    if early_stopping:  # validation predictions ran in the training backend's session
+        trainer = est._engine._backend
+        sessions.append(
+            trainer._predict if backend == "standard" else trainer.forward_backward.eval_session
+        )
+    for session in sessions:
+        assert session is not None and getattr(session, "_model_bytes", None) is None
+    # which changes nothing the estimator gives: predict, the export, estimator_ itself
+    expected = est.predict(X)
+    np.testing.assert_allclose(
+        _onnx_predict(est.to_onnx(), X).ravel(), expected, rtol=1e-5, atol=1e-5
+    )
+    np.testing.assert_allclose(final.predict(X), expected, rtol=1e-4, atol=1e-4)
+    # and scikit-learn's own partial_fit goes on from the trained weights
+    reference = copy.deepcopy(final)
+    reference.coefs_ = [c.copy() for c in final.coefs_]
+    reference.intercepts_ = [i.copy() for i in final.intercepts_]
+    final.partial_fit(X, y)
+    reference.partial_fit(X, y)
+    for a, b in zip(final.coefs_, reference.coefs_):
+        np.testing.assert_array_equal(a, b)

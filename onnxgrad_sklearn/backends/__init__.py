@@ -30,6 +30,7 @@ from ..runtime import (
     OrtValue,
     device_to_providers,
     ortvalue_view,
+    release_model_bytes,
     run_with_ortvalues,
     session_options,
     session_providers,
@@ -456,6 +457,7 @@ class Backend:
                 providers=self.providers,
                 provider_options=self.provider_options,
             )
+            release_model_bytes(self._predict)
         names = [i.name for i in self._predict.get_inputs()]
         X = np.ascontiguousarray(X, dtype=self.dtype)
         feeds = [self._feed(X)] + list(self.weights)

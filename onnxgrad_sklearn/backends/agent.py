@@ -32,6 +32,7 @@ from ..runtime import (
     OrtValue,
     device_to_providers,
     ort_device,
+    release_model_bytes,
     run_with_ortvalues,
     session_providers,
     to_ortvalue,
@@ -125,6 +126,7 @@ class TrainingAgent:
             providers=providers,
             provider_options=provider_options,
         )
+        release_model_bytes(self.session)
         device = ort_device(providers[0], device_index)
         # One device per forward output: a wrong count aborts the process in
         # C++, so the count is computed by the caller from the graph info.
@@ -430,6 +432,7 @@ class OrtGradientForwardBackward:
                 providers=self.providers,
                 provider_options=self.provider_options,
             )
+            release_model_bytes(self._eval_session)
         return self._eval_session
 
 
@@ -465,6 +468,7 @@ class AgentBackend(Backend):
             providers=self.providers,
             provider_options=self.provider_options,
         )
+        release_model_bytes(self._update)
         self._update_inputs = [i.name for i in self._update.get_inputs()]
         self._one = to_ortvalue(np.array(1.0, dtype=np.float32), self.device)
         self._lr = to_ortvalue(np.array(0.0, dtype=np.float32), self.device)
