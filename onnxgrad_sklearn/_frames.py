@@ -113,7 +113,12 @@ def column_feed(X, columns, input_names, dtype) -> dict:
         elif kind == INT64:
             array = values.to_numpy(dtype=np.int64)
         else:
-            array = values.astype(str).to_numpy(dtype=object)
+            # skl2onnx writes each category as str() does (None as 'None', NaN as
+            # 'nan'): pandas >= 3's astype(str) would keep missing values missing
+            array = np.array(
+                [v if isinstance(v, str) else str(v) for v in values.to_numpy(dtype=object)],
+                dtype=object,
+            )
         feed[input_name] = array.reshape(-1, 1)
     return feed
 

@@ -251,3 +251,33 @@ def test_a_sparse_head_output_trains_as_the_final_model_on_it():
     _, (onnx_pred,) = _onnx_run(reg.to_onnx(), frame, np.float32)
     np.testing.assert_allclose(onnx_pred.ravel(), reg.predict(frame), rtol=1e-6, atol=1e-6)
     assert [i.name for i in reg.to_onnx().graph.input] == COLUMNS + ["code"]
+
+
+def test_missing_values_in_text_columns_are_encoded_as_scikit_learn_encodes_them():
+    frame, y = _frame()
+    frame["city"] = frame["city"].astype(object)  # "size" keeps pandas' own text dtype
+    frame.loc[::9, "city"] = np.nan
+    frame.loc[4, "city"] = None
+    frame.loc[::7, "size"] = np.nan
+    missing = frame["city"].isna().to_numpy()
+    y = y + 2.0 * missing
+    head = ColumnTransformer(
+        [
+            ("onehot", OneHotEncoder(handle_unknown="ignore"), ["city"]),
+            ("ordinal", OrdinalEncoder(encoded_missing_value=-1), ["size"]),
+            ("scale", StandardScaler(), ["area"]),
+            ("keep", "passthrough", ["rooms", "age"]),
+        ]
+    )
+    template = Pipeline([("prep", head), ("mlp", MLPRegressor(hidden_layer_sizes=(8,)))])
+    reg = OrtGradientRegressor(template, max_iter=30, random_state=0).fit(frame, y)
+    categories = reg.estimator_[0].named_transformers_["onehot"].categories_[0]
+    assert pd.isna(categories[-1])  # scikit-learn's category of its own for missing values
+    predicted = reg.predict(frame)
+    np.testing.assert_allclose(predicted, reg.estimator_.predict(frame), rtol=1e-5, atol=1e-5)
+    _, (exported,) = _onnx_run(reg.to_onnx(), frame, np.float32)
+    np.testing.assert_allclose(exported.ravel(), predicted, rtol=1e-5, atol=1e-5)
+    # a missing city is its category, not an unknown one (which one-hot encodes as zeros)
+    unknown = frame.copy()
+    unknown.loc[missing, "city"] = "rennes"
+    assert np.abs(reg.predict(unknown)[missing] - predicted[missing]).min() > 1e-3
