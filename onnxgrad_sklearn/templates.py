@@ -418,8 +418,33 @@ class _LayoutError(Exception):
     """The real shape of an initializer cannot be told from the small markers."""
 
 
+def _copy_sharing_arrays(est):
+    """A deep copy of ``est`` that shares its numpy arrays instead of copying them.
+
+    The markers replace the parameters in the copy and skl2onnx only reads the
+    rest, so nothing is written into a shared array; the copy ends up in
+    skl2onnx's reference cycles, which would otherwise keep weight-sized copies
+    (an MLP's ``_best_coefs``) until the garbage collector runs.
+    """
+    memo = {}
+
+    def share(value, depth):
+        if isinstance(value, np.ndarray):
+            memo[id(value)] = value
+        elif depth < 3 and isinstance(value, (list, tuple)):
+            for item in value:
+                share(item, depth + 1)
+        elif depth < 3 and hasattr(value, "__dict__") and not isinstance(value, type):
+            # a fitted MLP's _optimizer holds weight-sized velocities or moments
+            for item in vars(value).values():
+                share(item, depth + 1)
+
+    share(est, 0)
+    return copy.deepcopy(est, memo)
+
+
 def _convert_with_markers(est, final, params, values, shapes, n_features, dtype=np.float32):
-    marker_final = copy.deepcopy(final)
+    marker_final = _copy_sharing_arrays(final)
     rng = np.random.RandomState(1234)
     markers = []
     for ref, shape in zip(params, shapes):
