@@ -600,10 +600,16 @@ def test_two_and_three_sets_train_bit_for_bit_alike(kind, monkeypatch):
             )
 
     fits = []
-    for threshold in (10**9, 0):
+    here = standard.memory_pattern_grows()
+    # three sets; two sets with this runtime's memory pattern choice; and the other one
+    for threshold, grows in ((10**9, here), (0, here), (0, not here)):
         monkeypatch.setattr(standard, "TWO_SETS_FROM", threshold)
+        monkeypatch.setattr(standard, "memory_pattern_grows", lambda grows=grows: grows)
         est = make().set_params(backend="standard", random_state=0, optimizer="nesterov").fit(X, y)
-        assert est._engine._backend.guarded == (threshold == 0)
+        backend = est._engine._backend
+        assert backend.guarded == (threshold == 0)
+        assert backend.options.enable_mem_pattern == (not (backend.guarded and grows))
         fits.append(est)
-    assert fits[0].loss_curve_ == fits[1].loss_curve_
-    np.testing.assert_array_equal(fits[0].predict(X), fits[1].predict(X))
+    for other in fits[1:]:
+        assert other.loss_curve_ == fits[0].loss_curve_
+        np.testing.assert_array_equal(other.predict(X), fits[0].predict(X))
