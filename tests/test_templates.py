@@ -62,3 +62,44 @@ def test_new_mlp_weights_are_float32_draws_of_mlpregressor():
     ):
         assert mine.dtype == np.float32
         np.testing.assert_allclose(mine, theirs, rtol=1e-6)
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_conversion_keeps_no_copy_of_a_fitted_templates_arrays():
+    import copy
+    import gc
+    import tracemalloc
+
+    from onnxgrad_sklearn.templates import convert_template
+
+    template = MLPRegressor(hidden_layer_sizes=(512, 512), max_iter=2, random_state=0).fit(X, Y)
+    before = copy.deepcopy(template)
+    weights = sum(c.nbytes for c in template.coefs_)
+    convert_template(template, X.shape[1], np.float32)  # imports and caches out of the count
+    gc.collect()
+    gc.disable()  # what only the garbage collector would free counts too
+    try:
+        tracemalloc.start()
+        conv = convert_template(template, X.shape[1], np.float32)
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        gc.enable()
+    # a deep copy kept _best_coefs and Adam's two moments (3 x the weights) in
+    # skl2onnx's reference cycles; sharing the arrays keeps nothing
+    assert held < 0.25 * weights
+    # and nothing was written into the shared arrays
+    pairs = [
+        (template.coefs_ + template.intercepts_, before.coefs_ + before.intercepts_),
+        (template._best_coefs, before._best_coefs),
+        (
+            template._optimizer.ms + template._optimizer.vs,
+            before._optimizer.ms + before._optimizer.vs,
+        ),
+    ]
+    for mine, theirs in pairs:
+        for a, b in zip(mine, theirs):
+            np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(
+        conv.initializer_values()[0], template.coefs_[0].astype(np.float32)
+    )
