@@ -436,10 +436,14 @@ def release_model_bytes(session) -> None:
     """Let ``session`` drop the serialized model it was made from.
 
     onnxruntime's Python ``InferenceSession`` keeps the bytes it was given for
-    life, only to make the session again in ``set_providers``, which this
-    package never calls: one more copy of the weights per session otherwise.
+    life, only to make the session again in ``set_providers``: one more copy of
+    the weights per session otherwise. Its fallback, which calls ``set_providers``
+    when a provider fails during a run, is turned off with them: such a failure
+    raises the provider's own error, as a session that did not start its first
+    provider does (:func:`make_session`), instead of moving to the CPU.
     """
     if isinstance(getattr(session, "_model_bytes", None), bytes):
+        session.disable_fallback()
         session._model_bytes = None
 
 

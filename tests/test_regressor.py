@@ -491,6 +491,7 @@ def test_a_fitted_mlp_keeps_one_copy_of_its_weights(regression_data, early_stopp
         )
     for session in sessions:
         assert session is not None and getattr(session, "_model_bytes", None) is None
+        assert not session._enable_fallback  # which would make the session again from them
     # which changes nothing the estimator gives: predict, the export, estimator_ itself
     expected = est.predict(X)
     np.testing.assert_allclose(
