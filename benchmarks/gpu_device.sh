@@ -3,7 +3,8 @@
 #
 #   benchmarks/gpu_device.sh WHEELS_DIR [gpu_check.py arguments...]
 #
-# WHEELS_DIR holds the onnxruntime-gpu wheel for this Python, split into pieces with
+# WHEELS_DIR (made by benchmarks/gpu_wheels.sh) holds, itself or in its folders, the
+# onnxruntime-gpu wheel for this Python, split into pieces with
 # `split -b 50M` (any prefix: `onnxruntime_gpu-...whl.part-aa`, or split's default
 # `xaa`, `xab`...; a whole `onnxruntime_gpu-*.whl` is used as it is), and the wheels of
 # skl2onnx and onnx-ad (and of any dependency this Python lacks). The script joins the
@@ -32,11 +33,13 @@ else
 fi
 
 # 1. the onnxruntime-gpu wheel: whole, or joined from its pieces (sorted: split's suffixes)
-WHEEL="$(find "$WHEELS" -maxdepth 1 -name 'onnxruntime_gpu-*.whl' -type f | sort | tail -n 1)"
+# (in WHEELS or in its folders, one per call, as benchmarks/gpu_wheels.sh lays them out;
+# the pieces sorted by their own names)
+WHEEL="$(find "$WHEELS" -maxdepth 2 -name 'onnxruntime_gpu-*.whl' -type f | sort | tail -n 1)"
 if [ -z "$WHEEL" ]; then
-    mapfile -t PIECES < <(find "$WHEELS" -maxdepth 1 -type f \
+    mapfile -t PIECES < <(find "$WHEELS" -maxdepth 2 -type f \
         \( -name 'onnxruntime_gpu-*.whl?*' -o -name 'onnxruntime_gpu*.part*' -o -name 'x??' \) \
-        | sort)
+        -printf '%f\t%p\n' | sort | cut -f2)
     if [ "${#PIECES[@]}" -eq 0 ]; then
         echo "no onnxruntime_gpu wheel nor pieces of one in $WHEELS" >&2
         exit 2
@@ -69,10 +72,14 @@ fi
 
 # 2. onnxruntime-gpu in place of the CPU build (both install the module onnxruntime)
 "$PYTHON" -m pip uninstall -y onnxruntime
-"$PYTHON" -m pip install --no-index --find-links "$WHEELS" "$WHEEL" skl2onnx onnx-ad
+LINKS=(--find-links "$WHEELS")
+for dir in "$WHEELS"/*/; do
+    [ -d "$dir" ] && LINKS+=(--find-links "$dir")
+done
+"$PYTHON" -m pip install --no-index "${LINKS[@]}" "$WHEEL" skl2onnx onnx-ad
 
 # 3. this project, without its dependencies (it would ask for the CPU build)
-if ! "$PYTHON" -m pip install --no-index --find-links "$WHEELS" --no-deps -e . ; then
+if ! "$PYTHON" -m pip install --no-index "${LINKS[@]}" --no-deps -e . ; then
     if ! "$PYTHON" -m pip install --no-build-isolation --no-deps -e . ; then
         echo "== could not install the project (no setuptools here?): using PYTHONPATH"
         export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"

@@ -198,6 +198,48 @@ def test_gpu_device_script_joins_a_split_wheel_and_names_it(tmp_path, prefix):
     assert "wheel: onnxruntime_gpu-1.30.0-cp312-cp312-linux_x86_64.whl" in out.stdout
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="bash scripts")
+def test_gpu_wheels_one_piece_per_folder_join_again_on_the_device_side(tmp_path):
+    import shutil
+    import zipfile
+
+    if shutil.which("split") is None or shutil.which("bash") is None:
+        pytest.skip("needs bash and split")
+    name = "onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_27_x86_64.whl"
+    wheel = tmp_path / name
+    rng = np.random.RandomState(0)
+    with zipfile.ZipFile(wheel, "w") as z:  # stored, not compressed: several pieces
+        z.writestr("onnxruntime/blob.bin", rng.bytes(1_100_000))
+        z.writestr(
+            "onnxruntime_gpu-1.31.1.dist-info/WHEEL",
+            "Wheel-Version: 1.0\nRoot-Is-Purelib: false\nTag: cp312-cp312-manylinux_2_27_x86_64\n",
+        )
+    out_dir = tmp_path / "gpu_wheels"
+    env = {**os.environ, "WHEEL": str(wheel), "PIECE_SIZE": "100K", "PYTHON": sys.executable}
+    made = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_wheels.sh"), str(out_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert made.returncode == 0, made.stdout + made.stderr
+    n = -(-wheel.stat().st_size // 102_400)  # 11 pieces: p10 and p11 sort before p2
+    folders = sorted(p.name for p in out_dir.iterdir())
+    assert n > 10 and folders == sorted(["small"] + [f"p{k}" for k in range(1, n + 1)])
+    assert all(len(list((out_dir / f).iterdir())) == 1 for f in folders if f != "small")
+    joined = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_device.sh"), str(out_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "JOIN_ONLY": "1", "PYTHON": sys.executable},
+    )
+    assert joined.returncode == 0, joined.stdout + joined.stderr
+    assert f"joining {n} pieces" in joined.stdout
+    assert f"wheel: {name}" in joined.stdout
+
+
 def _recording_sessions(monkeypatch):
     """Record the providers and options of every InferenceSession; run them on the CPU."""
     made = []
