@@ -321,12 +321,17 @@ class BaseOrtGradient(BaseEstimator):
             self.__dict__.clear()
             self.__dict__.update(before)
             raise
+        # The previous fit's predict sessions (a copy of the weights each) go before
+        # training: made again at its end, or by predict should the fit stop half-way.
+        self._session = self._logit_session = None
         try:
             if full_batch:
                 self._run_lbfgs(engine, X, y2d, sample_weight, optimizer, loss)
             else:
                 self._run_epochs(engine, X, y2d, sample_weight, incremental)
         finally:
+            if not incremental:  # partial_fit goes on in the same sessions at its next call
+                engine.release_sessions()
             self._store_weights(engine.get_weights())
         return self
 
@@ -923,8 +928,8 @@ class BaseOrtGradient(BaseEstimator):
             self.best_loss_ = loss
 
     def _store_weights(self, trained):
-        # The previous fit's sessions (a copy of the weights each) go before the new
-        # model is made; predict makes them again should this not reach its end.
+        # No session of the previous model is left when the new one is made (a copy of
+        # the weights each); predict makes them again should this not reach its end.
         self._session = self._logit_session = None
         conv = self._converted
         indices = self._trained_indices()

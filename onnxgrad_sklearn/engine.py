@@ -366,6 +366,10 @@ class TrainingEngine:
         """Go back to the weights and state before the last update (if any)."""
         self._backend.undo_last_step()
 
+    def release_sessions(self) -> None:
+        """Free what the training sessions hold at the end of a fit (see the backend's)."""
+        self._backend.release_sessions()
+
     def reset_optimizer(self) -> None:
         """Start the optimizer state afresh (``init_state`` of each weight), step count 0."""
         self._backend.reset_optimizer()

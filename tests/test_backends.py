@@ -613,3 +613,46 @@ def test_two_and_three_sets_train_bit_for_bit_alike(kind, monkeypatch):
     for other in fits[1:]:
         assert other.loss_curve_ == fits[0].loss_curve_
         np.testing.assert_array_equal(other.predict(X), fits[0].predict(X))
+
+
+def test_a_large_models_fit_frees_its_step_sessions_and_the_next_fit_makes_them_again(
+    monkeypatch,
+):
+    from onnxgrad_sklearn.backends import standard
+
+    rng = np.random.RandomState(0)
+    X = rng.randn(150, 5)
+    y = X[:, 0] - 2 * X[:, 1] + 0.1 * rng.randn(150)
+
+    def fits(release):
+        if not release:
+            monkeypatch.setattr(standard.StandardBackend, "release_sessions", lambda self: None)
+        est = OrtGradientRegressor(
+            MLPRegressor(hidden_layer_sizes=(12,)),
+            backend="standard",
+            optimizer="nesterov",
+            batch_size=40,
+            max_iter=3,
+            warm_start=True,
+            random_state=0,
+        ).fit(X, y)
+        held = len(est._engine._backend._steps)
+        est.fit(X, y)  # a warm start: the same engine, its step sessions made again
+        est.partial_fit(X, y)  # partial_fit keeps them for its next call
+        kept = len(est._engine._backend._steps)
+        monkeypatch.undo()
+        return est, held, kept
+
+    monkeypatch.setattr(standard, "TWO_SETS_FROM", 0)  # as for a model of 1M weights
+    released, held, kept = fits(release=True)
+    assert held == 0 and kept > 0
+    monkeypatch.setattr(standard, "TWO_SETS_FROM", 0)
+    reference, held, _ = fits(release=False)
+    assert held > 0
+    assert released.loss_curve_ == reference.loss_curve_
+    np.testing.assert_array_equal(released.predict(X), reference.predict(X))
+    # a small model keeps its sessions from one fit to the next
+    small = OrtGradientRegressor(
+        MLPRegressor(hidden_layer_sizes=(12,)), backend="standard", max_iter=2, batch_size=40
+    ).fit(X, y)
+    assert len(small._engine._backend._steps) > 0

@@ -376,6 +376,12 @@ class Backend:
         raise NotImplementedError
 
     # shared --------------------------------------------------------------
+    def release_sessions(self) -> None:
+        """Free what the training sessions hold at the end of a fit; nothing by default.
+
+        A backend that frees its sessions makes them again at the next step.
+        """
+
     def reset_optimizer(self) -> None:
         """Start the optimizer state afresh (``init_state`` of each weight), step count 0."""
         self.step = 0

@@ -552,6 +552,22 @@ class StandardBackend(Backend):
         self._previous = None
         self._buffers.load(vectors)
 
+    def release_sessions(self) -> None:
+        """Free the sessions of a model of :data:`TWO_SETS_FROM` weights or more.
+
+        At the end of a fit, before the estimator makes its predict session: the
+        step session's memory (its temporaries: about twice the weights and state)
+        goes back to the system. The next step makes the session again from the
+        process's step graph (no onnx-ad), milliseconds beside the seconds a fit of
+        such a model takes; a small model keeps its sessions for the next fit.
+        """
+        if not self.guarded:
+            return
+        self._steps.clear()
+        self._bound.clear()
+        self._gradients.clear()
+        self._forward = self._predict = None
+
     def undo_last_step(self) -> None:
         previous, self._previous = self._previous, None
         if previous is not None:
