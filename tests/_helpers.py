@@ -1,6 +1,20 @@
 """Helpers shared by the tests (fixtures stay in conftest.py)."""
 
 import numpy as np
+import pytest
+
+from onnxgrad_sklearn.backends import agent_available
+
+#: Both backends, the agent's case skipped where onnxruntime-training is not installed.
+BACKENDS = [
+    pytest.param(
+        "agent",
+        marks=pytest.mark.skipif(
+            not agent_available(), reason="onnxruntime-training (the TrainingAgent) not installed"
+        ),
+    ),
+    "standard",
+]
 
 
 def rel_error(actual, expected):

@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import onnxruntime
 import pytest
+from _helpers import BACKENDS
 from onnx import TensorProto, helper
 
 from onnxgrad_sklearn import OrtGradientClassifier, OrtGradientRegressor, config_context
-from onnxgrad_sklearn.backends import agent_available
 from onnxgrad_sklearn.runtime import DeviceBuffers, bindings, make_session, session_providers
 
 HAS_CUDA = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
@@ -26,15 +26,6 @@ needs_cuda = pytest.mark.skipif(
     reason="the installed onnxruntime has no CUDA provider (the CPU build): install "
     "onnxruntime-gpu in its place (see benchmarks/gpu_device.sh)",
 )
-BACKENDS = [
-    "standard",
-    pytest.param(
-        "agent",
-        marks=pytest.mark.skipif(
-            not agent_available(), reason="onnxruntime-training (the TrainingAgent) not installed"
-        ),
-    ),
-]
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -165,34 +156,49 @@ def test_gpu_check_script_explains_a_missing_cuda_build():
     assert "no CUDA provider" in out.stdout
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="a bash script")
-@pytest.mark.parametrize("prefix", ["onnxruntime_gpu-1.30.0-cp312-cp312-linux_x86_64.whl.", "x"])
-def test_gpu_device_script_joins_a_split_wheel_and_names_it(tmp_path, prefix):
-    import shutil
+def _fake_wheel(path, version, tag, size):
+    """A wheel of ``size`` random bytes, stored (not compressed): several pieces when split."""
     import zipfile
+
+    rng = np.random.RandomState(0)
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("onnxruntime/blob.bin", rng.bytes(size))
+        z.writestr(
+            f"onnxruntime_gpu-{version}.dist-info/WHEEL",
+            f"Wheel-Version: 1.0\nRoot-Is-Purelib: false\nTag: {tag}\n",
+        )
+    return path
+
+
+def _needs_bash_and_split():
+    import shutil
 
     if shutil.which("split") is None or shutil.which("bash") is None:
         pytest.skip("needs bash and split")
-    wheel = tmp_path / "built.whl"
-    rng = np.random.RandomState(0)
-    with zipfile.ZipFile(wheel, "w") as z:  # stored, not compressed: several pieces
-        z.writestr("onnxruntime/blob.bin", rng.bytes(400_000))
-        z.writestr(
-            "onnxruntime_gpu-1.30.0.dist-info/WHEEL",
-            "Wheel-Version: 1.0\nRoot-Is-Purelib: false\nTag: cp312-cp312-linux_x86_64\n",
-        )
+
+
+def _bash_script(name, *args, **env):
+    """Run ``benchmarks/<name>`` with bash (the interpreter: this one)."""
+    return subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / name), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHON": sys.executable, **env},
+    )
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a bash script")
+@pytest.mark.parametrize("prefix", ["onnxruntime_gpu-1.30.0-cp312-cp312-linux_x86_64.whl.", "x"])
+def test_gpu_device_script_joins_a_split_wheel_and_names_it(tmp_path, prefix):
+    _needs_bash_and_split()
+    wheel = _fake_wheel(tmp_path / "built.whl", "1.30.0", "cp312-cp312-linux_x86_64", 400_000)
     pieces = tmp_path / "wheels"
     pieces.mkdir()
     subprocess.run(["split", "-b", "100K", str(wheel), str(pieces / prefix)], check=True)
     assert len(list(pieces.iterdir())) == 4
     (pieces / "skl2onnx-1.20.0-py2.py3-none-any.whl").write_bytes(b"")  # left alone
-    out = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "gpu_device.sh"), str(pieces)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "JOIN_ONLY": "1", "PYTHON": sys.executable},
-    )
+    out = _bash_script("gpu_device.sh", pieces, JOIN_ONLY="1")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "joining 4 pieces" in out.stdout
     assert "wheel: onnxruntime_gpu-1.30.0-cp312-cp312-linux_x86_64.whl" in out.stdout
@@ -200,41 +206,17 @@ def test_gpu_device_script_joins_a_split_wheel_and_names_it(tmp_path, prefix):
 
 @pytest.mark.skipif(sys.platform == "win32", reason="bash scripts")
 def test_gpu_wheels_one_piece_per_folder_join_again_on_the_device_side(tmp_path):
-    import shutil
-    import zipfile
-
-    if shutil.which("split") is None or shutil.which("bash") is None:
-        pytest.skip("needs bash and split")
+    _needs_bash_and_split()
     name = "onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_27_x86_64.whl"
-    wheel = tmp_path / name
-    rng = np.random.RandomState(0)
-    with zipfile.ZipFile(wheel, "w") as z:  # stored, not compressed: several pieces
-        z.writestr("onnxruntime/blob.bin", rng.bytes(1_100_000))
-        z.writestr(
-            "onnxruntime_gpu-1.31.1.dist-info/WHEEL",
-            "Wheel-Version: 1.0\nRoot-Is-Purelib: false\nTag: cp312-cp312-manylinux_2_27_x86_64\n",
-        )
+    wheel = _fake_wheel(tmp_path / name, "1.31.1", "cp312-cp312-manylinux_2_27_x86_64", 1_100_000)
     out_dir = tmp_path / "gpu_wheels"
-    env = {**os.environ, "WHEEL": str(wheel), "PIECE_SIZE": "100K", "PYTHON": sys.executable}
-    made = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "gpu_wheels.sh"), str(out_dir)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+    made = _bash_script("gpu_wheels.sh", out_dir, WHEEL=str(wheel), PIECE_SIZE="100K")
     assert made.returncode == 0, made.stdout + made.stderr
     n = -(-wheel.stat().st_size // 102_400)  # 11 pieces: p10 and p11 sort before p2
     folders = sorted(p.name for p in out_dir.iterdir())
     assert n > 10 and folders == sorted(["small"] + [f"p{k}" for k in range(1, n + 1)])
     assert all(len(list((out_dir / f).iterdir())) == 1 for f in folders if f != "small")
-    joined = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "gpu_device.sh"), str(out_dir)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "JOIN_ONLY": "1", "PYTHON": sys.executable},
-    )
+    joined = _bash_script("gpu_device.sh", out_dir, JOIN_ONLY="1")
     assert joined.returncode == 0, joined.stdout + joined.stderr
     assert f"joining {n} pieces" in joined.stdout
     assert f"wheel: {name}" in joined.stdout

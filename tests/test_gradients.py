@@ -4,7 +4,7 @@ import warnings
 
 import numpy as np
 import pytest
-from _helpers import rel_error
+from _helpers import BACKENDS, rel_error
 from sklearn.decomposition import PCA
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import ElasticNet, Lasso, LinearRegression, Ridge, SGDRegressor
@@ -12,7 +12,6 @@ from sklearn.neural_network import MLPRegressor
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import MinMaxScaler, PolynomialFeatures, StandardScaler
 
-from onnxgrad_sklearn.backends import agent_available
 from onnxgrad_sklearn.engine import TrainingEngine
 from onnxgrad_sklearn.losses import AbsoluteError, Huber, Quantile, SquaredError
 from onnxgrad_sklearn.optim import SGD
@@ -71,17 +70,6 @@ def _reference_loss(est, conv, values, X, y, sw, per_sample, alpha, l1_ratio, pe
     l2 = sum(np.sum(values[k] ** 2) for k in penalized)
     l1 = sum(np.sum(np.abs(values[k])) for k in penalized)
     return loss + alpha * (0.5 * (1 - l1_ratio) * l2 + l1_ratio * l1) / sw.sum()
-
-
-BACKENDS = [
-    pytest.param(
-        "agent",
-        marks=pytest.mark.skipif(
-            not agent_available(), reason="onnxruntime-training (the TrainingAgent) not installed"
-        ),
-    ),
-    "standard",
-]
 
 
 def _check(template_name, loss_name, alpha=0.0, l1_ratio=0.0, backend="auto"):

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
-from _helpers import rel_error
+from _helpers import BACKENDS, rel_error
 from onnx import TensorProto, helper
 from sklearn.datasets import load_diabetes
 from sklearn.decomposition import PCA
@@ -23,7 +23,6 @@ from sklearn.preprocessing import MinMaxScaler, PolynomialFeatures, StandardScal
 from sklearn.tree import DecisionTreeRegressor
 
 from onnxgrad_sklearn import OrtGradientRegressor
-from onnxgrad_sklearn.backends import agent_available
 from onnxgrad_sklearn.losses import BaseLoss, OnnxLoss, Quantile, SquaredError
 from onnxgrad_sklearn.optim import BaseOptimizer
 
@@ -451,17 +450,6 @@ def test_verbose_shows_progress_bars_over_epochs_and_batches(regression_data, ca
     est = OrtGradientRegressor(verbose=1).fit(X, y)
     err = capsys.readouterr().err
     assert f"{est.n_iter_}/200" in err and "iter" in err and "loss=" in err
-
-
-BACKENDS = [
-    "standard",
-    pytest.param(
-        "agent",
-        marks=pytest.mark.skipif(
-            not agent_available(), reason="onnxruntime-training (the TrainingAgent) not installed"
-        ),
-    ),
-]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

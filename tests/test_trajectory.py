@@ -5,23 +5,12 @@ import warnings
 
 import numpy as np
 import pytest
-from _helpers import rel_error
+from _helpers import BACKENDS, rel_error
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.neural_network import MLPRegressor
 
 from onnxgrad_sklearn import OrtGradientRegressor
-from onnxgrad_sklearn.backends import agent_available
 from onnxgrad_sklearn.optim import SGD, Adam, Momentum, Nesterov
-
-BACKENDS = [
-    pytest.param(
-        "agent",
-        marks=pytest.mark.skipif(
-            not agent_available(), reason="onnxruntime-training (the TrainingAgent) not installed"
-        ),
-    ),
-    "standard",
-]
 
 SOLVERS = {
     "sgd": (SGD(), dict(solver="sgd", momentum=0.0)),
