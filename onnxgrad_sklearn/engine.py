@@ -23,6 +23,7 @@ import onnx
 import onnxruntime
 
 from . import runtime
+from ._config import get_config
 from ._graph import GraphBuilder, model_dtype, tensor_info
 from ._passes import initializers_as_inputs, static_shapes
 from .backends import Backend, choose_backend, make_backend
@@ -310,6 +311,8 @@ class TrainingEngine:
         inits = {i.name: i for i in model.graph.initializer}
         start = [onnx.numpy_helper.to_array(inits[n]) for n in self.weight_names]
         self.shapes = [w.shape for w in start]
+        if sum(w.size for w in start) >= runtime.LARGE_MODEL:  # before the sessions
+            runtime.map_large_blocks(get_config()["malloc_mmap_threshold"])
         self._backend: Backend = make_backend(
             self.backend,
             training=training,

@@ -432,6 +432,68 @@ def make_session(
     return session
 
 
+#: Models of this many weights or more are "large": the standard backend guards
+#: their update and frees their step sessions at the end of a fit, and their first
+#: fit tunes the C allocator (:func:`map_large_blocks`).
+LARGE_MODEL = 1_000_000
+
+#: glibc's ``mallopt`` parameter number of ``M_MMAP_THRESHOLD`` (malloc.h).
+_M_MMAP_THRESHOLD = -3
+_MALLOC_LOCK = threading.Lock()
+_malloc_threshold: int | None = None  # what map_large_blocks set, once per process
+
+
+def map_large_blocks(threshold: int) -> bool:
+    """Have glibc map blocks of ``threshold`` bytes or more on their own (once per process).
+
+    glibc raises its mmap threshold each time a mapped block is freed, up to
+    32 MiB: after the first weight-sized array goes, blocks of that size come
+    from the heap. The runtime's session memory (arena regions, the weights'
+    copies, the temporaries of a step) then stays resident after its sessions
+    go, and the next sessions do not fit in it: a warm-started or refitted model
+    of 4.4 million weights peaked 100 MB higher. A fixed threshold
+    (``mallopt(M_MMAP_THRESHOLD)``) maps and unmaps those blocks on their own.
+    It is process-wide and stays (glibc has no way back to the moving
+    threshold); the first fit of a model of :data:`LARGE_MODEL` weights or more
+    sets it, unless ``set_config(malloc_mmap_threshold=0)``, the environment sets
+    ``MALLOC_MMAP_THRESHOLD_`` itself, or the C library is not glibc.
+
+    Parameters
+    ----------
+    threshold : int
+        Size in bytes from which a block is mapped on its own; 0 does nothing.
+
+    Returns
+    -------
+    bool
+        Whether this call set it.
+    """
+    global _malloc_threshold
+    if threshold <= 0 or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
+    import platform
+
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        return False
+    with _MALLOC_LOCK:
+        if _malloc_threshold is not None:
+            return False
+        import ctypes
+
+        try:
+            done = ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, int(threshold)) == 1
+        except (AttributeError, OSError):  # no mallopt in the process's C library
+            done = False
+        _malloc_threshold = int(threshold) if done else 0
+    if done:
+        logger.info(
+            "glibc maps blocks of %d bytes or more on their own from now on "
+            "(set_config(malloc_mmap_threshold=0) before the first fit keeps its default)",
+            threshold,
+        )
+    return done
+
+
 def release_model_bytes(session) -> None:
     """Let ``session`` drop the serialized model it was made from.
 

@@ -53,6 +53,7 @@ from .._passes import (
     static_shapes,
 )
 from ..runtime import (
+    LARGE_MODEL,
     DeviceBuffers,
     DoubleBuffers,
     bindings,
@@ -97,7 +98,7 @@ _STEP_GRAPHS_LOCK = threading.Lock()
 #: (:func:`guard_update`): one set fewer (8 MB per million weights and state
 #: vector), for about 5 us per step that the ``If`` costs, which only small models,
 #: whose steps take tens of microseconds, would notice.
-TWO_SETS_FROM = 1_000_000
+TWO_SETS_FROM = LARGE_MODEL
 
 
 def memory_pattern_grows() -> bool:
