@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import numbers
 import warnings
 from typing import TYPE_CHECKING
@@ -24,6 +25,7 @@ from .families import dropped_settings, family_of
 from .losses import BaseLoss, get_loss
 from .optim import OPTIMIZER_NAMES, SGD, BaseOptimizer, LearningRateSchedule, get_optimizer
 from .runtime import (
+    LARGE_MODEL,
     device_to_providers,
     import_onnxruntime,
     intra_op_threads,
@@ -321,9 +323,11 @@ class BaseOrtGradient(BaseEstimator):
             self.__dict__.clear()
             self.__dict__.update(before)
             raise
+        del before  # it holds the previous fit's ONNX model and sessions
         # The previous fit's predict sessions (a copy of the weights each) go before
         # training: made again at its end, or by predict should the fit stop half-way.
         self._session = self._logit_session = None
+        self._release_trained_values(engine)
         try:
             if full_batch:
                 self._run_lbfgs(engine, X, y2d, sample_weight, optimizer, loss)
@@ -527,6 +531,33 @@ class BaseOrtGradient(BaseEstimator):
             ", ".join(p.label for p in converted.params if p.trainable),
         )
 
+    def _release_trained_values(self, engine):
+        """While a model of :data:`~onnxgrad_sklearn.runtime.LARGE_MODEL` weights or
+        more trains, ``estimator_`` and the ONNX model hold no trained values.
+
+        The engine holds them; the values there before are two copies of the weights
+        that the end of the fit (``_store_weights``, also after an error) replaces. A
+        ``predict`` or ``to_onnx`` from another thread meanwhile gets a clear error.
+        """
+        if sum(math.prod(shape) for shape in engine.shapes) < LARGE_MODEL:
+            return
+        conv = self._converted
+        final = final_estimator(self.estimator_)
+        for k in self._trained_indices():
+            old = conv.params[k].get(final)
+            placeholder = np.broadcast_to(np.array(np.nan, dtype=old.dtype), old.shape)
+            conv.params[k].set(final, placeholder)  # no memory: one NaN, read-only
+        conv.model = conv.with_values(None)
+        self._export_model = None
+
+    def _check_weights_stored(self, what):
+        if self.__dict__.get("_export_model", True) is None:
+            raise RuntimeError(
+                f"{type(self).__name__}.{what} was called while a fit of this estimator "
+                "is training (in another thread): its weights are in the training "
+                f"engine until the fit returns. Call {what} after fit returns."
+            )
+
     def _trained_indices(self):
         return [k for k, p in enumerate(self._converted.params) if p.trainable]
 
@@ -615,7 +646,9 @@ class BaseOrtGradient(BaseEstimator):
                 if self.shuffle:  # each epoch permutes the last one's order, as MLPRegressor
                     sample_idx = shuffle(sample_idx, random_state=self._random_state)
                 order = sample_idx if self.shuffle else None
-                epoch_loss = self._run_interruptible_epoch(engine, train, order, batch_size)
+                epoch_loss = self._run_interruptible_epoch(
+                    engine, train, order, batch_size, best_weights
+                )
                 if epoch_loss is None:  # diverged, weights set back, warned
                     diverged = True
                     break
@@ -625,6 +658,8 @@ class BaseOrtGradient(BaseEstimator):
                     break
                 reached_max_iter = self.n_iter_ == self.max_iter
             if not diverged:
+                if not incremental:  # a large model's step sessions go before the check's
+                    engine.release_sessions()
                 self._check_last_update(engine, train, batch_size)
         finally:
             if bar is not None:
@@ -656,21 +691,37 @@ class BaseOrtGradient(BaseEstimator):
             )
         return (_as_rows(X, X.dtype), y2d, sample_weight), (X_val, y_val, sw_val)
 
-    def _run_interruptible_epoch(self, engine, train, order, batch_size):
-        """Run one epoch; on Ctrl-C go back to the weights it started from, warn, re-raise."""
-        checkpoint = engine.checkpoint()
+    def _run_interruptible_epoch(self, engine, train, order, batch_size, best_weights):
+        """Run one epoch; on Ctrl-C keep the last completed batch's weights, warn, re-raise.
+
+        As MLPRegressor: the weights after the last update that ran (no copy of the
+        weights is taken at each epoch), ``n_iter_`` and ``loss_curve_`` those of
+        the completed epochs; with early stopping, the best epoch's weights.
+        """
+        self._completed_batches = 0
         try:
             return self._run_epoch(engine, train, order, batch_size)
         except KeyboardInterrupt:
-            engine.restore(checkpoint)
+            if best_weights is not None:
+                engine.set_weights(best_weights)
+                kept = "the weights of its best epoch (early stopping)"
+            else:
+                if not engine.weights_finite():
+                    engine.undo_last_step()  # interrupted between a divergence and its undo
+                kept = (
+                    f"the weights after its last completed batch ({self._completed_batches} "
+                    f"of epoch {self.n_iter_ + 1}, as MLPRegressor)"
+                )
             warnings.warn(
                 f"Training interrupted by user during epoch {self.n_iter_ + 1}: the "
-                f"estimator keeps the weights of the last completed epoch "
-                f"(n_iter_={self.n_iter_}).",
+                f"estimator keeps {kept}; n_iter_={self.n_iter_} and loss_curve_ count "
+                "the completed epochs.",
                 UserWarning,
                 stacklevel=5,
             )
             raise
+        finally:
+            del self._completed_batches
 
     def _end_epoch(self, engine, epoch_loss, n_samples, validation, bar) -> bool:
         """Record an epoch (loss, validation score, progress); return whether it is the best."""
@@ -886,6 +937,7 @@ class BaseOrtGradient(BaseEstimator):
                     self._diverged(batch_loss, self.n_iter_ + 1, number)
                     return None
                 accumulated += batch_loss * (batch.stop - batch.start)
+                self._completed_batches = number
                 if bar is not None:
                     bar.set_postfix(loss=f"{batch_loss:.6g}", refresh=False)
                     bar.update(1)
@@ -981,6 +1033,7 @@ class BaseOrtGradient(BaseEstimator):
             ``tensor(string)`` for the others.
         """
         check_is_fitted(self)
+        self._check_weights_stored("to_onnx")
         if dtype is not None:
             if dtype not in ("float32", "float64", np.float32, np.float64):
                 raise ValueError(
@@ -1043,6 +1096,7 @@ class BaseOrtGradient(BaseEstimator):
     def _run_onnx(self, X, trained_graph=False):
         """Run the exported model (or the trained graph) on X; return its outputs by name."""
         check_is_fitted(self)
+        self._check_weights_stored("predict")
         if self.__dict__.get("_session") is None:  # a fit that stopped while storing
             self._make_sessions()
         if "_raw_columns" in self.__dict__:  # fitted on a DataFrame's raw columns

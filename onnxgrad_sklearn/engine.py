@@ -377,6 +377,10 @@ class TrainingEngine:
         """Start the optimizer state afresh (``init_state`` of each weight), step count 0."""
         self._backend.reset_optimizer()
 
+    def weights_finite(self) -> bool:
+        """Return whether every weight is finite."""
+        return self._backend.weights_finite()
+
     def is_finite(self, X: np.ndarray, y: np.ndarray, sample_weight: np.ndarray) -> bool:
         """Return whether every weight, and the loss on a batch, are finite."""
         return self._backend.is_finite(X, y, sample_weight)

@@ -288,7 +288,11 @@ class ConvertedTemplate:
         ]
 
     def with_values(self, values) -> onnx.ModelProto:
-        """Return a copy of :attr:`model` whose parameter initializers hold ``values``."""
+        """Return a copy of :attr:`model` whose parameter initializers hold ``values``.
+
+        ``values=None``: the parameters' initializers keep their names, types and
+        dims, and hold no data (a model to give values later, not to run).
+        """
         # The copy is made field by field so that the old values of the parameters
         # are not copied: protobuf keeps every bytes value a message was ever given
         # until the message is freed (a model updated in place grows at each fit).
@@ -305,7 +309,8 @@ class ConvertedTemplate:
                 new.dims.extend(init.dims)
             else:
                 new.CopyFrom(init)
-        _set_values(model, self.initializer_names, values)
+        if values is not None:
+            _set_values(model, self.initializer_names, values)
         return model
 
     def values_from(self, final) -> list[np.ndarray]:

@@ -494,3 +494,65 @@ def test_a_fitted_mlp_keeps_one_copy_of_its_weights(regression_data, early_stopp
     reference.partial_fit(X, y)
     for a, b in zip(final.coefs_, reference.coefs_):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("warm_start", [False, True])
+def test_a_large_models_estimator_and_onnx_hold_no_weights_while_it_trains(
+    monkeypatch, backend, warm_start
+):
+    """Models of a million weights or more: during training the weights are only in the
+    engine; the fit gives the same model as with the copies kept."""
+    from onnxgrad_sklearn import _base
+    from onnxgrad_sklearn.engine import TrainingEngine
+
+    X, y = load_diabetes(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+
+    def make():
+        return OrtGradientRegressor(
+            make_pipeline(StandardScaler(), MLPRegressor(hidden_layer_sizes=(16,))),
+            backend=backend,
+            max_iter=3,
+            random_state=0,
+            warm_start=warm_start,
+        )
+
+    reference = make().fit(X, y).fit(X, y)
+    seen = []
+    original = TrainingEngine.train_batch
+
+    def train_batch(self, *args):
+        if not seen:
+            coefs = est.estimator_[-1].coefs_
+            seen.append([c.strides for c in coefs])
+            seen.append(bool(np.isnan(coefs[0]).all()))
+            for call in (lambda: est.predict(X[:2]), est.to_onnx):
+                with pytest.raises(RuntimeError, match="while a fit of this estimator"):
+                    call()
+        return original(self, *args)
+
+    monkeypatch.setattr(_base, "LARGE_MODEL", 0)  # as for a model of 1M weights
+    monkeypatch.setattr(TrainingEngine, "train_batch", train_batch)
+    est = make()
+    est.fit(X, y)
+    assert seen[0] == [(0, 0), (0, 0)] and seen[1]
+    seen.clear()
+    est.fit(X, y)  # the second fit (a warm start or not) too
+    assert seen[0] == [(0, 0), (0, 0)] and seen[1]  # placeholders: one NaN each
+    assert est.loss_curve_ == reference.loss_curve_
+    np.testing.assert_array_equal(est.predict(X), reference.predict(X))
+    for a, b in zip(est.estimator_[-1].coefs_, reference.estimator_[-1].coefs_):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(est.estimator_.predict(X), est.predict(X), rtol=1e-5, atol=1e-3)
+    session = onnxruntime.InferenceSession(
+        est.to_onnx().SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    exported = session.run(None, {session.get_inputs()[0].name: X.astype(np.float32)})[0]
+    np.testing.assert_allclose(exported.ravel(), est.predict(X), rtol=1e-5, atol=1e-3)
+    # an error during training stores the engine's weights all the same
+    monkeypatch.setattr(TrainingEngine, "train_batch", lambda self, *a: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        est.fit(X, y)
+    assert np.all(np.isfinite(est.predict(X)))
+    assert all(c.strides != (0, 0) for c in est.estimator_[-1].coefs_)

@@ -5,8 +5,10 @@ import threading
 import warnings
 
 import numpy as np
+import onnxruntime
 import pytest
 import scipy.sparse as sp
+from _helpers import BACKENDS
 from _isolated import run_isolated
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -155,35 +157,123 @@ def test_divergence_raises_convergence_error_and_keeps_finite_weights(kind):
     assert est.n_iter_ < 20
 
 
-def _interrupt_at(monkeypatch, call_number):
+def _steps_with(monkeypatch, action):
+    """Patch ``TrainingEngine.train_batch``: ``action(n, step)`` runs call ``n``;
+    ``step(rate=None)`` makes it (at another learning rate if given)."""
     original = TrainingEngine.train_batch
     calls = {"n": 0}
 
-    def train_batch(self, *args, **kwargs):
+    def train_batch(self, X, y, sample_weight, lr):
         calls["n"] += 1
-        if calls["n"] == call_number:
-            raise KeyboardInterrupt
-        return original(self, *args, **kwargs)
+        return action(calls["n"], lambda rate=lr: original(self, X, y, sample_weight, rate))
 
     monkeypatch.setattr(TrainingEngine, "train_batch", train_batch)
 
 
-def test_keyboard_interrupt_keeps_the_last_completed_epoch(monkeypatch):
+def _interrupt_at(number):
+    def action(n, step):
+        if n == number:
+            raise KeyboardInterrupt
+        return step()
+
+    return action
+
+
+def _interrupted_fit(monkeypatch, backend, action, early_stopping=False):
+    """The weights after each step of a reference fit, and the fit ``action`` interrupts.
+
+    100 rows in batches of 20: 5 steps per epoch (with early stopping, 90 rows: 5 too).
+    """
     X, y = _data("regressor", n=100)
-    params = dict(optimizer="adam", learning_rate_init=0.01, batch_size=20, random_state=0)
-    two = OrtGradientRegressor(MLPRegressor(hidden_layer_sizes=(6,)), max_iter=2, **params).fit(
-        X, y
-    )
-    est = OrtGradientRegressor(MLPRegressor(hidden_layer_sizes=(6,)), max_iter=10, **params)
-    _interrupt_at(monkeypatch, 5 * 2 + 3)  # third batch of the third epoch
-    with pytest.warns(UserWarning, match="interrupted.*n_iter_=2"):
+
+    def make():
+        return OrtGradientRegressor(
+            MLPRegressor(hidden_layer_sizes=(6,)),
+            optimizer="adam",
+            batch_size=20,
+            max_iter=10,
+            random_state=0,
+            backend=backend,
+            early_stopping=early_stopping,
+        )
+
+    reference = make()
+    after = {}
+
+    def record(n, step):
+        loss = step()
+        after[n] = reference._engine.get_weights()
+        return loss
+
+    _steps_with(monkeypatch, record)
+    reference.fit(X, y)
+    monkeypatch.undo()
+    _steps_with(monkeypatch, action)
+    est = make()
+    with pytest.warns(UserWarning, match="interrupted.*n_iter_=2") as caught:
         with pytest.raises(KeyboardInterrupt):
             est.fit(X, y)
-    assert est.n_iter_ == 2 and len(est.loss_curve_) == 2
-    assert est.loss_curve_ == two.loss_curve_
-    for a, b in zip(est.estimator_.coefs_, two.estimator_.coefs_):
+    monkeypatch.undo()
+    assert est.n_iter_ == 2 and est.loss_curve_ == reference.loss_curve_[:2]
+    return X, y, reference, after, est, str(caught[0].message)
+
+
+def _keeps(est, weights, X):
+    """``est`` holds ``weights``, and predict, ``estimator_`` and the ONNX export agree."""
+    for a, b in zip(est._engine.get_weights(), weights):
         np.testing.assert_array_equal(a, b)
-    np.testing.assert_array_equal(est.predict(X), two.predict(X))
+    predicted = est.predict(X)
+    np.testing.assert_allclose(est.estimator_.predict(X), predicted, rtol=1e-5, atol=1e-6)
+    session = onnxruntime.InferenceSession(
+        est.to_onnx().SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    exported = session.run(None, {session.get_inputs()[0].name: X.astype(np.float32)})[0]
+    np.testing.assert_allclose(exported.ravel(), predicted, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_keyboard_interrupt_keeps_the_last_completed_batch_as_mlp_regressor(monkeypatch, backend):
+    # Ctrl-C before the third batch of the third epoch: the 12 steps done are kept
+    X, y, _, after, est, message = _interrupted_fit(monkeypatch, backend, _interrupt_at(13))
+    assert "2 of epoch 3" in message
+    _keeps(est, after[12], X)
+    est.partial_fit(X, y)  # and training goes on from them
+    assert est._engine.step == 12 + 5  # one more epoch
+
+    def as_the_step_returns(n, step):
+        loss = step()
+        if n == 13:
+            raise KeyboardInterrupt
+        return loss
+
+    X, _, _, after, est, _ = _interrupted_fit(monkeypatch, backend, as_the_step_returns)
+    _keeps(est, after[13], X)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_keyboard_interrupt_between_a_diverging_step_and_its_check_keeps_finite_weights(
+    monkeypatch, backend
+):
+    def diverge(n, step):
+        if n == 13:
+            step(rate=np.inf)  # infinite weights, or a non-finite loss
+            raise KeyboardInterrupt
+        return step()
+
+    X, _, _, after, est, _ = _interrupted_fit(monkeypatch, backend, diverge)
+    _keeps(est, after[12], X)
+    assert np.all(np.isfinite(est.predict(X)))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_keyboard_interrupt_with_early_stopping_keeps_the_best_epoch(monkeypatch, backend):
+    X, _, reference, after, est, message = _interrupted_fit(
+        monkeypatch, backend, _interrupt_at(13), early_stopping=True
+    )
+    assert "best epoch" in message
+    assert est.validation_scores_ == reference.validation_scores_[:2]
+    best = int(np.argmax(est.validation_scores_)) + 1
+    _keeps(est, after[best * 5], X)
 
 
 def test_two_fits_in_two_threads_equal_sequential_fits():

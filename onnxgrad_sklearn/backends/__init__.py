@@ -260,6 +260,16 @@ def make_backend(name: str, **kwargs) -> Backend:
     raise ValueError(f"backend={name!r}: choose it with choose_backend first.")
 
 
+def all_finite(array: np.ndarray, chunk: int = 1 << 16) -> bool:
+    """Return whether every value of ``array`` is finite, by chunks of ``chunk`` values.
+
+    ``np.isfinite(array).all()`` makes a boolean array of the weight's size, at the
+    end of each fit, while the step session still holds its memory.
+    """
+    flat = np.asarray(array).reshape(-1)
+    return all(np.isfinite(flat[i : i + chunk]).all() for i in range(0, flat.size, chunk))
+
+
 class Backend:
     """What the fit loop asks of a training backend.
 
@@ -442,9 +452,13 @@ class Backend:
             per_weight.append(row)
         self._load_state(per_weight)
 
+    def weights_finite(self) -> bool:
+        """Return whether every weight is finite."""
+        return all(all_finite(w) for w in self.get_weights())
+
     def is_finite(self, X, y, sample_weight) -> bool:
         """Return whether every weight, and the loss on a batch, are finite."""
-        if not all(np.isfinite(w).all() for w in self.get_weights()):
+        if not self.weights_finite():
             return False
         return bool(np.isfinite(self.loss(X, y, sample_weight)))
 

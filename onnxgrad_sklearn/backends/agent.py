@@ -574,13 +574,14 @@ class AgentBackend(Backend):
         # What undo_last_step goes back to, without a copy: the update either
         # returns new values (the previous ones stay valid) or writes the other
         # set of buffers (the set it reads stays as it is until the next update).
-        self._previous = self.checkpoint() if flat is None else (flat.current, self.step)
-        self.step += 1
-        lr = self.optimizer.step_learning_rate(learning_rate, self.step)
+        previous = self.checkpoint() if flat is None else (flat.current, self.step)
+        lr = self.optimizer.step_learning_rate(learning_rate, self.step + 1)
         self._lr.update_inplace(np.array(lr, dtype=np.float32))
+        # The update's results are taken in one assignment, without a call between its
+        # parts: a KeyboardInterrupt (raised at a call) finds the step applied or not.
         if flat is not None:
             self._runs[flat.current].run(dict(zip(self._grad_names, grads)))
-            flat.current = 1 - flat.current
+            self._previous, self.step, flat.current = previous, self.step + 1, 1 - flat.current
             return loss
         feeds = [self._lr]
         for w, gr, st in zip(self._weights, grads, self._state):
@@ -589,8 +590,15 @@ class AgentBackend(Backend):
             feeds.extend(st)
         results = run_with_ortvalues(self._update, self._update_inputs, feeds)
         k = 1 + len(self.optimizer.state_names)
-        self._weights = [results[i * k] for i in range(len(self._weights))]
-        self._state = [results[i * k + 1 : (i + 1) * k] for i in range(len(self._weights))]
+        n = len(self._weights)
+        weights = [results[i * k] for i in range(n)]
+        state = [results[i * k + 1 : (i + 1) * k] for i in range(n)]
+        self._previous, self.step, self._weights, self._state = (
+            previous,
+            self.step + 1,
+            weights,
+            state,
+        )
         return loss
 
     def _forward(self, X, y, sample_weight):

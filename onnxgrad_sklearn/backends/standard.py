@@ -62,7 +62,7 @@ from ..runtime import (
     ortvalue_view,
     to_ortvalue,
 )
-from . import Backend, warn_zero_derivatives
+from . import Backend, all_finite, warn_zero_derivatives
 
 __all__ = [
     "DEVICE_BUFFERS_ON_CPU",
@@ -530,6 +530,9 @@ class StandardBackend(Backend):
     def get_weights(self):
         return self._buffers.read(0)
 
+    def weights_finite(self) -> bool:
+        return all(all_finite(w) for w in self._current_weights())  # views on the CPU
+
     def _current_weights(self):
         if self.device_buffers:
             return self.get_weights()
@@ -775,9 +778,9 @@ class StandardBackend(Backend):
         loss = float(self._loss_array)
         if not np.isfinite(loss):
             return loss  # the set undo goes back to is as it was (kept, or not written)
-        self._previous = (b.current, self.step)
-        self.step += 1
-        b.current = target
+        # one assignment, no call between its parts: a KeyboardInterrupt (raised at a
+        # call) finds the step applied or not
+        self._previous, self.step, b.current = (b.current, self.step), self.step + 1, target
         return loss
 
     def _batch_feeds(self, run, arrays):
