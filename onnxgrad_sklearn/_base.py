@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import numbers
 import warnings
 from typing import TYPE_CHECKING
@@ -25,7 +24,6 @@ from .families import dropped_settings, family_of
 from .losses import BaseLoss, get_loss
 from .optim import OPTIMIZER_NAMES, SGD, BaseOptimizer, LearningRateSchedule, get_optimizer
 from .runtime import (
-    LARGE_MODEL,
     device_to_providers,
     import_onnxruntime,
     intra_op_threads,
@@ -532,14 +530,14 @@ class BaseOrtGradient(BaseEstimator):
         )
 
     def _release_trained_values(self, engine):
-        """While a model of :data:`~onnxgrad_sklearn.runtime.LARGE_MODEL` weights or
-        more trains, ``estimator_`` and the ONNX model hold no trained values.
+        """While a large model (``engine.large``) trains, ``estimator_`` and the ONNX
+        model hold no trained values.
 
         The engine holds them; the values there before are two copies of the weights
         that the end of the fit (``_store_weights``, also after an error) replaces. A
         ``predict`` or ``to_onnx`` from another thread meanwhile gets a clear error.
         """
-        if sum(math.prod(shape) for shape in engine.shapes) < LARGE_MODEL:
+        if not engine.large:
             return
         conv = self._converted
         final = final_estimator(self.estimator_)
@@ -698,7 +696,7 @@ class BaseOrtGradient(BaseEstimator):
         weights is taken at each epoch), ``n_iter_`` and ``loss_curve_`` those of
         the completed epochs; with early stopping, the best epoch's weights.
         """
-        self._completed_batches = 0
+        first_step = engine.step
         try:
             return self._run_epoch(engine, train, order, batch_size)
         except KeyboardInterrupt:
@@ -709,8 +707,8 @@ class BaseOrtGradient(BaseEstimator):
                 if not engine.weights_finite():
                     engine.undo_last_step()  # interrupted between a divergence and its undo
                 kept = (
-                    f"the weights after its last completed batch ({self._completed_batches} "
-                    f"of epoch {self.n_iter_ + 1}, as MLPRegressor)"
+                    f"the weights after its last completed batch ({engine.step - first_step} "
+                    f"updates into epoch {self.n_iter_ + 1}, as MLPRegressor)"
                 )
             warnings.warn(
                 f"Training interrupted by user during epoch {self.n_iter_ + 1}: the "
@@ -720,8 +718,6 @@ class BaseOrtGradient(BaseEstimator):
                 stacklevel=5,
             )
             raise
-        finally:
-            del self._completed_batches
 
     def _end_epoch(self, engine, epoch_loss, n_samples, validation, bar) -> bool:
         """Record an epoch (loss, validation score, progress); return whether it is the best."""
@@ -937,7 +933,6 @@ class BaseOrtGradient(BaseEstimator):
                     self._diverged(batch_loss, self.n_iter_ + 1, number)
                     return None
                 accumulated += batch_loss * (batch.stop - batch.start)
-                self._completed_batches = number
                 if bar is not None:
                     bar.set_postfix(loss=f"{batch_loss:.6g}", refresh=False)
                     bar.update(1)

@@ -311,7 +311,9 @@ class TrainingEngine:
         inits = {i.name: i for i in model.graph.initializer}
         start = [onnx.numpy_helper.to_array(inits[n]) for n in self.weight_names]
         self.shapes = [w.shape for w in start]
-        if sum(w.size for w in start) >= runtime.LARGE_MODEL:  # before the sessions
+        #: Whether the model has :data:`~onnxgrad_sklearn.runtime.LARGE_MODEL` weights or more.
+        self.large = sum(w.size for w in start) >= runtime.LARGE_MODEL
+        if self.large:  # before the sessions
             runtime.map_large_blocks(get_config()["malloc_mmap_threshold"])
         self._backend: Backend = make_backend(
             self.backend,

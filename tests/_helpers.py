@@ -22,3 +22,13 @@ def rel_error(actual, expected):
     actual = np.asarray(actual, dtype=np.float64)
     expected = np.asarray(expected, dtype=np.float64)
     return np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-30)
+
+
+def onnx_predict(model, X):
+    """The first output of ONNX ``model`` on ``X`` (float32), run by onnxruntime alone."""
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    return session.run(None, {session.get_inputs()[0].name: X.astype(np.float32)})[0]

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
-from _helpers import BACKENDS, rel_error
+from _helpers import BACKENDS, onnx_predict, rel_error
 from onnx import TensorProto, helper
 from sklearn.datasets import load_diabetes
 from sklearn.decomposition import PCA
@@ -27,13 +27,6 @@ from onnxgrad_sklearn.losses import BaseLoss, OnnxLoss, Quantile, SquaredError
 from onnxgrad_sklearn.optim import BaseOptimizer
 
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
-
-
-def _onnx_predict(model, X):
-    sess = onnxruntime.InferenceSession(
-        model.SerializeToString(), providers=["CPUExecutionProvider"]
-    )
-    return sess.run(None, {"X": X.astype(np.float32)})[0]
 
 
 TEMPLATES = [
@@ -67,7 +60,7 @@ def test_predict_estimator_and_onnx_export_agree(template, regression_data):
     pred = reg.predict(X)
     assert pred.shape == (X.shape[0],)
     assert rel_error(reg.estimator_.predict(X), pred) < 1e-5
-    onnx_pred = _onnx_predict(reg.to_onnx(), X).ravel()
+    onnx_pred = onnx_predict(reg.to_onnx(), X).ravel()
     assert rel_error(onnx_pred, pred) < 1e-5
     # training moved the model towards the targets
     assert reg.loss_curve_[-1] < reg.loss_curve_[0]
@@ -483,7 +476,7 @@ def test_a_fitted_mlp_keeps_one_copy_of_its_weights(regression_data, early_stopp
     # which changes nothing the estimator gives: predict, the export, estimator_ itself
     expected = est.predict(X)
     np.testing.assert_allclose(
-        _onnx_predict(est.to_onnx(), X).ravel(), expected, rtol=1e-5, atol=1e-5
+        onnx_predict(est.to_onnx(), X).ravel(), expected, rtol=1e-5, atol=1e-5
     )
     np.testing.assert_allclose(final.predict(X), expected, rtol=1e-4, atol=1e-4)
     # and scikit-learn's own partial_fit goes on from the trained weights
@@ -503,7 +496,7 @@ def test_a_large_models_estimator_and_onnx_hold_no_weights_while_it_trains(
 ):
     """Models of a million weights or more: during training the weights are only in the
     engine; the fit gives the same model as with the copies kept."""
-    from onnxgrad_sklearn import _base
+    from onnxgrad_sklearn import runtime
     from onnxgrad_sklearn.engine import TrainingEngine
 
     X, y = load_diabetes(return_X_y=True)
@@ -532,7 +525,8 @@ def test_a_large_models_estimator_and_onnx_hold_no_weights_while_it_trains(
                     call()
         return original(self, *args)
 
-    monkeypatch.setattr(_base, "LARGE_MODEL", 0)  # as for a model of 1M weights
+    monkeypatch.setattr(runtime, "LARGE_MODEL", 0)  # as for a model of 1M weights
+    monkeypatch.setattr(runtime, "map_large_blocks", lambda threshold: False)  # not here
     monkeypatch.setattr(TrainingEngine, "train_batch", train_batch)
     est = make()
     est.fit(X, y)
@@ -545,10 +539,7 @@ def test_a_large_models_estimator_and_onnx_hold_no_weights_while_it_trains(
     for a, b in zip(est.estimator_[-1].coefs_, reference.estimator_[-1].coefs_):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_allclose(est.estimator_.predict(X), est.predict(X), rtol=1e-5, atol=1e-3)
-    session = onnxruntime.InferenceSession(
-        est.to_onnx().SerializeToString(), providers=["CPUExecutionProvider"]
-    )
-    exported = session.run(None, {session.get_inputs()[0].name: X.astype(np.float32)})[0]
+    exported = onnx_predict(est.to_onnx(), X)
     np.testing.assert_allclose(exported.ravel(), est.predict(X), rtol=1e-5, atol=1e-3)
     # an error during training stores the engine's weights all the same
     monkeypatch.setattr(TrainingEngine, "train_batch", lambda self, *a: 1 / 0)
