@@ -13,7 +13,7 @@ import scipy.sparse as sp
 from sklearn.base import BaseEstimator, is_classifier
 from sklearn.exceptions import ConvergenceWarning, DataConversionWarning
 from sklearn.model_selection import train_test_split
-from sklearn.utils import check_random_state, gen_batches, get_tags, shuffle
+from sklearn.utils import check_random_state, gen_batches, get_tags
 from sklearn.utils._param_validation import HasMethods, Interval, Options, StrOptions
 from sklearn.utils.validation import _check_sample_weight, check_is_fitted, validate_data
 
@@ -167,8 +167,8 @@ class BaseOrtGradient(BaseEstimator):
     def _adjust_sample_weight(self, y2d, sample_weight, fitted):
         return sample_weight
 
-    def _setup_template(self, est, fine_tuned, fitted):
-        """Complete a prepared template (the classifier sets its classes here)."""
+    def _setup_template(self, est, fine_tuned, fitted, loss):
+        """Complete a prepared template for ``loss`` (the classifier sets its classes here)."""
 
     def _trained_view(self, est):
         """The model whose graph is trained (a classifier's logits, a GLM's linear predictor)."""
@@ -302,7 +302,7 @@ class BaseOrtGradient(BaseEstimator):
                 X, y, sample_weight, first_call, incremental, classes
             )
             if first_call:
-                self._initialize(X, y2d, fitted)
+                self._initialize(X, y2d, fitted, loss)
             if first_call or not incremental or not hasattr(self, "_template_penalty"):
                 # partial_fit keeps the rows of its first call: one engine for every call
                 self._template_penalty = self._templates_penalty(X.shape[0], optimizer.full_batch)
@@ -484,7 +484,7 @@ class BaseOrtGradient(BaseEstimator):
                 stacklevel=5,
             )
 
-    def _initialize(self, X, y2d, fitted):
+    def _initialize(self, X, y2d, fitted, loss):
         template = self._template()
         self._warn_dropped_settings(final_estimator(template), X.shape[0])
         random_state = check_random_state(self.random_state)
@@ -493,7 +493,7 @@ class BaseOrtGradient(BaseEstimator):
         est, fine_tuned = prepare_template(
             template if head is None else final_estimator(template), X, n_outputs, random_state
         )
-        self._setup_template(est, fine_tuned, fitted)
+        self._setup_template(est, fine_tuned, fitted, loss)
         converted = convert_template(self._trained_view(est), X.shape[1], X.dtype)
         # Every step that can fail is done: the fitted state is replaced at once.
         for name, value in fitted.items():
@@ -642,7 +642,7 @@ class BaseOrtGradient(BaseEstimator):
         try:
             for _ in range(max_iter):
                 if self.shuffle:  # each epoch permutes the last one's order, as MLPRegressor
-                    sample_idx = shuffle(sample_idx, random_state=self._random_state)
+                    sample_idx = _shuffled(sample_idx, self._random_state)
                 order = sample_idx if self.shuffle else None
                 epoch_loss = self._run_interruptible_epoch(
                     engine, train, order, batch_size, best_weights
@@ -1156,6 +1156,14 @@ def _by_chunks(function, X):
     rows = max(1, _CHUNK_VALUES // max(X.shape[1], 1))
     parts = [function(_rows(X, chunk)) for chunk in gen_batches(X.shape[0], rows)]
     return np.concatenate(parts, axis=0)
+
+
+def _shuffled(index, random_state):
+    """``sklearn.utils.shuffle(index, random_state=random_state)``, the same draws and
+    result, without its parameter validation (0.35 ms a call, once per epoch)."""
+    order = np.arange(len(index))
+    random_state.shuffle(order)
+    return index[order]
 
 
 def _fingerprint(value) -> str:

@@ -12,7 +12,7 @@ from sklearn.preprocessing import LabelBinarizer
 from sklearn.utils._available_if import available_if
 from sklearn.utils._param_validation import StrOptions
 from sklearn.utils.class_weight import compute_sample_weight
-from sklearn.utils.multiclass import check_classification_targets, type_of_target
+from sklearn.utils.multiclass import check_classification_targets, type_of_target, unique_labels
 from sklearn.utils.validation import check_is_fitted
 
 from . import losses as _losses
@@ -214,7 +214,7 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
                     f"data contains only one class: {classes[0]}"
                 )
         else:
-            classes = self.classes_
+            classes = self._continued_classes(y, incremental, classes)
         unknown = np.setdiff1d(np.unique(y), classes)
         if unknown.size:
             raise ValueError(
@@ -224,6 +224,23 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         index = np.searchsorted(classes, y)
         y2d = np.ascontiguousarray(np.eye(len(classes), dtype=np.float32)[index])
         return y2d, {"classes_": classes}
+
+    def _continued_classes(self, y, incremental, classes):
+        """The fitted classes, refusing other ones as MLPClassifier does."""
+        if incremental and classes is not None:
+            if not np.array_equal(self.classes_, unique_labels(classes)):
+                raise ValueError(
+                    f"`classes={classes!r}` is not the same as on last call to "
+                    f"partial_fit, was: {self.classes_!r}"
+                )
+        elif not incremental:  # warm_start
+            labels = unique_labels(y)
+            if set(labels) != set(self.classes_):
+                raise ValueError(
+                    "warm_start can only be used where `y` has the same classes as in the "
+                    f"previous call to fit. Previously got {self.classes_}, `y` has {labels}"
+                )
+        return self.classes_
 
     def _validate_multilabel(self, y, first_call):
         """Targets of a multilabel problem: one sigmoid per label, as MLPClassifier."""
@@ -271,7 +288,7 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         weights = compute_sample_weight(class_weight, labels)
         return np.ascontiguousarray(sample_weight * weights, dtype=sample_weight.dtype)
 
-    def _setup_template(self, est, fine_tuned, fitted):
+    def _setup_template(self, est, fine_tuned, fitted, loss):
         final = final_estimator(est)
         if fine_tuned:
             return
@@ -369,8 +386,9 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
             Weights of the samples in the loss.
         classes : array-like of shape (n_classes,), default=None
             All the labels the estimator will see. Required on the first call
-            unless the template is fitted (its classes are then used); ignored
-            afterwards.
+            unless the template is fitted (its classes are then used); a later
+            call may pass it again, with the same classes (other ones raise a
+            ValueError, as MLPClassifier).
 
         Returns
         -------

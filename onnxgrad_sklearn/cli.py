@@ -118,24 +118,35 @@ def _hidden(text: str) -> tuple[int, ...]:
 
 
 # templates ----------------------------------------------------------------------
-def _mlp_template(task: str, hidden):
+def _mlp_template(task: str, hidden, loss=None):
     from sklearn.neural_network import MLPClassifier, MLPRegressor
 
     cls = MLPClassifier if task == "classification" else MLPRegressor
     return cls(hidden_layer_sizes=hidden or (64,))
 
 
-def _linear_template(task: str, hidden):
-    from sklearn.linear_model import LinearRegression, LogisticRegression
+def _linear_template(task: str, hidden, loss=None):
+    from sklearn import linear_model as lm
 
-    return LogisticRegression() if task == "classification" else LinearRegression()
+    if task == "classification":
+        return lm.LogisticRegression()
+    # a log-link loss needs a linear model that predicts exp of its output: the GLM
+    glm = {
+        "poisson": lm.PoissonRegressor,
+        "gamma": lm.GammaRegressor,
+        "tweedie": lambda: lm.TweedieRegressor(link="log"),
+    }.get(loss)
+    return lm.LinearRegression() if glm is None else glm()  # --alpha is the penalty
 
 
 #: ``--model KIND``: the final model of each template kind (after a StandardScaler).
 TEMPLATES = {"mlp": _mlp_template, "linear": _linear_template}
 _TEMPLATE_HELP = {
     "mlp": "StandardScaler + MLPRegressor or MLPClassifier",
-    "linear": "StandardScaler + LinearRegression or LogisticRegression",
+    "linear": (
+        "StandardScaler + LinearRegression (PoissonRegressor, GammaRegressor or "
+        "TweedieRegressor(link='log') with those losses) or LogisticRegression"
+    ),
 }
 
 
@@ -698,7 +709,7 @@ def _new_template(args, data: _Data, kind: str) -> _Template:
     if args.hidden is not None and kind != "mlp":
         raise CLIError("--hidden applies to --model mlp only")
     task = infer_task(data.y) if args.task == "auto" else args.task
-    final = TEMPLATES[kind](task, args.hidden)
+    final = TEMPLATES[kind](task, args.hidden, args.loss)
     how = " (auto)" if args.task == "auto" else ""
     return _Template(_preprocessed(final, data), task, how)
 

@@ -147,6 +147,25 @@ class Family:
     def check(self, est) -> None:
         """Raise a ValueError when a setting of ``est`` cannot be trained."""
 
+    def link(self, est) -> str:
+        """What ``est`` applies to its trained graph's output to predict.
+
+        ``"identity"`` (the default: it predicts the output itself) or ``"log"``
+        (it predicts ``exp`` of the output, the inverse of a log link).
+        """
+        return "identity"
+
+    def can_use_log_link(self, est) -> bool:
+        """Whether :meth:`use_log_link` can make ``est`` predict ``exp`` of its output."""
+        return self.link(est) == "log"
+
+    def use_log_link(self, est) -> None:
+        """Make ``est`` (a copy the estimators own) predict ``exp`` of its trained output.
+
+        For a log-link loss given to the estimator (``loss="poisson"``) on a template
+        whose own link is the identity. Only called where :meth:`can_use_log_link`.
+        """
+
     def penalty(self, est, n_samples: int, rows: int) -> tuple[float, float]:
         """Return the template's own penalty as the estimators' ``(alpha, l1_ratio)``.
 
@@ -424,6 +443,13 @@ class _GLM(_LinearFamily):
     def initialize(self, est, n_features, n_outputs, rng, dtype=np.float32):
         super().initialize(est, n_features, n_outputs, rng, dtype)
         est._base_loss = est._get_loss()  # what predict reads (loss and link)
+
+    def can_use_log_link(self, est):
+        return True  # Poisson and Gamma have it; TweedieRegressor takes link="log"
+
+    def use_log_link(self, est):
+        est.link = "log"
+        est._base_loss = est._get_loss()  # what predict reads
 
     def link(self, est) -> str:
         name = type(est).__name__
@@ -705,10 +731,26 @@ class _MLPFamily(Family):
 
 
 class _MLPRegressor(_MLPFamily):
-    """MLPRegressor; with ``loss="poisson"`` its raw output is trained (exp link)."""
+    """MLPRegressor; with ``loss="poisson"`` its raw output is trained (exp link).
+
+    A log-link loss given to the estimator on a squared-error template gives the
+    copy it trains the same exp output (``out_activation_="exp"``).
+    """
 
     def _poisson(self, est) -> bool:
-        return getattr(est, "loss", "squared_error") == "poisson"
+        return (
+            getattr(est, "loss", "squared_error") == "poisson"
+            or getattr(est, "out_activation_", None) == "exp"
+        )
+
+    def link(self, est):
+        return "log" if self._poisson(est) else "identity"
+
+    def can_use_log_link(self, est):
+        return True
+
+    def use_log_link(self, est):
+        est.out_activation_ = "exp"
 
     def check(self, est):
         if getattr(est, "loss", "squared_error") not in ("squared_error", "poisson"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from sklearn.base import RegressorMixin
 from sklearn.linear_model import LinearRegression
@@ -11,9 +13,41 @@ from sklearn.utils._param_validation import StrOptions
 
 from ._base import BaseOrtGradient
 from ._docs import document
+from .families import family_of
 from .losses import REGRESSION_LOSSES, BaseLoss
+from .templates import final_estimator
+
+if TYPE_CHECKING:
+    from ._graph import GraphBuilder
 
 __all__ = ["OrtGradientRegressor"]
+
+
+def _link(loss) -> str:
+    """The link a regression loss assumes: ``"log"`` where it receives ``log(mean)``."""
+    return "log" if getattr(loss, "link", None) == "log" else "identity"
+
+
+class _MeanLoss(BaseLoss):
+    """An identity-link loss on a template that predicts ``exp`` of its trained output.
+
+    The loss receives ``exp(output)``, the template's prediction (a
+    ``loss="squared_error"`` given with a PoissonRegressor template).
+    """
+
+    def __init__(self, loss=None):
+        self.loss = loss
+
+    @property
+    def rowwise(self):
+        return self.loss.rowwise
+
+    def smoothed(self, width):
+        inner = self.loss.smoothed(width)
+        return None if inner is None else _MeanLoss(inner)
+
+    def build(self, g: GraphBuilder, y_pred: str, y_true: str) -> str:
+        return self.loss.build(g, g.op("Exp", y_pred), y_true)
 
 
 class OrtGradientRegressor(RegressorMixin, BaseOrtGradient):
@@ -86,6 +120,43 @@ class OrtGradientRegressor(RegressorMixin, BaseOrtGradient):
         y = np.asarray(y)
         # float64 here (exact for any float y), the training dtype in the shared fit
         return np.ascontiguousarray(y.reshape(y.shape[0], -1), dtype=np.float64), {}
+
+    def _objective(self, final):
+        loss = super()._objective(final)
+        family = family_of(final)
+        if _link(loss) == "log" and not family.can_use_log_link(final):
+            raise ValueError(
+                f"loss={self.loss!r} has a log link: it trains the model's output as the "
+                f"log of the mean, and the model must predict exp of its output. "
+                f"{type(final).__name__} predicts its linear output itself, so its "
+                "predictions would not be the means. Use a template that predicts "
+                "through a log link (PoissonRegressor, GammaRegressor, "
+                "TweedieRegressor(power=..., link='log'), whose alpha is the penalty, or "
+                "an MLPRegressor, which then predicts exp of its output as "
+                "MLPRegressor(loss='poisson')), or the loss's identity link "
+                "(PoissonDeviance(link='identity'): the output itself is the mean)."
+            )
+        return loss
+
+    def _setup_template(self, est, fine_tuned, fitted, loss):
+        final = final_estimator(est)
+        family = family_of(final)
+        if _link(loss) == "log" and family.link(final) != "log":
+            family.use_log_link(final)  # it then predicts exp of its output, as trained
+
+    def _resolve_loss(self, loss):
+        final = final_estimator(self.estimator_)
+        predicts = family_of(final).link(final)
+        if predicts == _link(loss):
+            return loss
+        if predicts == "log":  # the loss is on the mean the model predicts
+            return _MeanLoss(loss)
+        raise ValueError(
+            f"loss={self.loss!r} has a log link and the fitted {type(final).__name__} "
+            "predicts its output itself: a continued fit (warm_start, partial_fit) keeps "
+            "how the model predicts. Fit anew (warm_start=False) to train it with a log "
+            "link."
+        )
 
     def _score_validation(self, X, y, sample_weight, prediction):
         return r2_score(y, prediction.reshape(y.shape), sample_weight=sample_weight)

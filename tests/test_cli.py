@@ -811,3 +811,25 @@ def test_quantile_out_of_range_is_refused(data, capsys):
 )
 def test_infer_task(values, task):
     assert infer_task(values) == task
+
+
+def test_linear_model_with_a_log_link_loss_is_the_glm_and_predicts_means(tmp_path, capsys):
+    rng = np.random.RandomState(0)
+    X = rng.rand(300, 4)
+    frame = pd.DataFrame(X, columns=FEATURES)
+    frame["count"] = rng.poisson(np.exp(1.0 + X @ np.array([0.5, -0.5, 0.3, 0.0])))
+    frame.to_csv(tmp_path / "counts.csv", index=False)
+    argv = ["fit", "--data", tmp_path / "counts.csv", "--target", "count", "--model", "linear"]
+    argv += ["--task", "regression", "--loss", "poisson", "--optimizer", "lbfgs", "--alpha", "0"]
+    argv += ["--test-size", "0"]
+    code, out, err = run_main(capsys, *argv, "--quiet", "--out", tmp_path / "glm.onnx")
+    assert code == 0, err
+    assert "PoissonRegressor" in out
+    session = onnxruntime.InferenceSession(str(tmp_path / "glm.onnx"))
+    feed = {session.get_inputs()[0].name: frame[FEATURES].to_numpy(np.float32)}
+    pred = session.run(None, feed)[0].ravel()
+    from sklearn.linear_model import PoissonRegressor
+
+    ref = PoissonRegressor(alpha=0.0, tol=1e-10, max_iter=1000).fit(X, frame["count"])
+    # the means exp(eta), not eta (LinearRegression would have predicted the log)
+    np.testing.assert_allclose(pred, ref.predict(X), rtol=5e-3)
