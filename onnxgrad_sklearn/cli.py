@@ -981,9 +981,11 @@ def _make_estimator(args, chosen: _Template, loss):
 
 def _train(est, split: _Split, scaler):
     """Fit ``est`` (on the scaled target); return the model that predicts raw targets."""
-    import onnxruntime
     from sklearn.exceptions import ConvergenceWarning
 
+    from .runtime import import_onnxruntime
+
+    onnxruntime = import_onnxruntime()  # without the training build's Python modules
     # the runtime's own warnings (graph clean-ups when sessions are built) would
     # interleave with the progress bar; errors still show
     onnxruntime.set_default_logger_severity(3)
@@ -1300,8 +1302,9 @@ class _OnnxPredictor:
     """
 
     def __init__(self, path: str):
-        import onnxruntime
+        from .runtime import import_onnxruntime
 
+        onnxruntime = import_onnxruntime()
         onnxruntime.set_default_logger_severity(3)
         try:
             self.session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])

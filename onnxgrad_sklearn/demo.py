@@ -58,7 +58,6 @@ def main(argv=None) -> int:
 
 def run(epochs: int = DEFAULT_EPOCHS, out: str = DEFAULT_OUT) -> int:
     """Run the demo for ``epochs`` epochs, writing its files into the folder ``out``."""
-    import onnxruntime
     from sklearn.datasets import load_diabetes
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.metrics import r2_score
@@ -68,6 +67,8 @@ def run(epochs: int = DEFAULT_EPOCHS, out: str = DEFAULT_OUT) -> int:
 
     from onnxgrad_sklearn import OrtGradientRegressor
     from onnxgrad_sklearn.optim import Nesterov
+
+    from .runtime import import_onnxruntime
 
     X, y = load_diabetes(return_X_y=True)
     X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.25, random_state=0)
@@ -112,7 +113,7 @@ def run(epochs: int = DEFAULT_EPOCHS, out: str = DEFAULT_OUT) -> int:
     path = os.path.abspath(os.path.join(out, "diabetes_mlp.onnx"))
     with open(path, "wb") as f:
         f.write(reg.to_onnx().SerializeToString())
-    sess = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    sess = import_onnxruntime().InferenceSession(path, providers=["CPUExecutionProvider"])
     onnx_pred = sess.run(None, {"X": X_test.astype(np.float32)})[0].ravel()
     gap = np.max(np.abs(onnx_pred - reg.predict(X_test)))
     print(f"trained ONNX model written to {path}")

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
-import onnxruntime
 
 from . import runtime
 from ._config import get_config
@@ -29,6 +29,9 @@ from ._passes import initializers_as_inputs, static_shapes
 from .backends import Backend, choose_backend, make_backend
 from .losses import BaseLoss
 from .optim import BaseOptimizer
+
+if TYPE_CHECKING:
+    import onnxruntime
 
 __all__ = ["TrainingEngine", "build_training_graph", "weights_as_inputs"]
 

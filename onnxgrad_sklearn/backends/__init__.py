@@ -167,8 +167,9 @@ def check_backend(backend: str, device: str, dtype=np.float32) -> None:
             )
     on_cpu = device_to_providers(device)[0][0] == "CPUExecutionProvider"
     if backend == "agent" and not agent_available():
-        import onnxruntime
+        from ..runtime import import_onnxruntime
 
+        onnxruntime = import_onnxruntime()
         if on_cpu:
             build = "'pip install onnxruntime-training-cpu==1.19.2' (Python <= 3.12)"
         else:

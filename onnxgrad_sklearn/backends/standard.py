@@ -23,11 +23,11 @@ import itertools
 import logging
 import threading
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 import onnx_ad
-import onnxruntime
 
 from .._graph import model_dtype
 from .._passes import (
@@ -57,12 +57,16 @@ from ..runtime import (
     DeviceBuffers,
     DoubleBuffers,
     bindings,
+    import_onnxruntime,
     make_session,
     ort_device,
     ortvalue_view,
     to_ortvalue,
 )
 from . import Backend, all_finite, warn_zero_derivatives
+
+if TYPE_CHECKING:
+    import onnxruntime
 
 __all__ = [
     "DEVICE_BUFFERS_ON_CPU",
@@ -111,7 +115,7 @@ def memory_pattern_grows() -> bool:
     with the pattern, 5.7 without). Small models keep the pattern either way: without
     it a 10-64-1 step takes 36 us instead of 30.
     """
-    version = getattr(onnxruntime, "__version__", "0")
+    version = getattr(import_onnxruntime(), "__version__", "0")
     parts = [int(p) if p.isdigit() else 0 for p in version.split("+")[0].split(".")[:2]]
     return tuple(parts) >= (1, 20)
 
@@ -501,7 +505,7 @@ class StandardBackend(Backend):
         self._loss_array = np.zeros((), dtype=self.dtype)
         self._loss = ortvalue_view(self._loss_array)
         self._cpu = ort_device("CPUExecutionProvider", 0)
-        self._run_options = onnxruntime.RunOptions()
+        self._run_options = import_onnxruntime().RunOptions()
         self._steps: OrderedDict = OrderedDict()  # (batch, targets) -> {(read, write): run}
         self._pads: dict = {}  # (batch, targets, ...) -> the padded batch's arrays
         #: Whether a short batch may be padded (the loss's rows do not mix: BaseLoss.rowwise)
