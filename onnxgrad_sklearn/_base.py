@@ -13,7 +13,7 @@ import scipy.sparse as sp
 from sklearn.base import BaseEstimator, is_classifier
 from sklearn.exceptions import ConvergenceWarning, DataConversionWarning
 from sklearn.model_selection import train_test_split
-from sklearn.utils import check_random_state, gen_batches, get_tags
+from sklearn.utils import check_random_state, get_tags
 from sklearn.utils._param_validation import HasMethods, Interval, Options, StrOptions
 from sklearn.utils.validation import _check_sample_weight, check_is_fitted, validate_data
 
@@ -908,7 +908,7 @@ class BaseOrtGradient(BaseEstimator):
         n_samples = arrays[0].shape[0]
         accumulated = 0.0
         lr = self._schedule.learning_rate
-        batches = list(gen_batches(n_samples, batch_size))
+        batches = _slices(n_samples, batch_size)
         if order is None and sp.issparse(arrays[0]):
             order = np.arange(n_samples)
         if order is not None:
@@ -1106,7 +1106,7 @@ class BaseOrtGradient(BaseEstimator):
         if not sp.issparse(X):
             return dict(zip(names, session.run(None, {feed: X})))
         rows = max(1, _CHUNK_VALUES // max(X.shape[1], 1))  # densified chunk by chunk
-        parts = [session.run(None, {feed: _rows(X, c)}) for c in gen_batches(X.shape[0], rows)]
+        parts = [session.run(None, {feed: _rows(X, c)}) for c in _slices(X.shape[0], rows)]
         return {name: np.concatenate([p[k] for p in parts]) for k, name in enumerate(names)}
 
 
@@ -1154,8 +1154,14 @@ def _by_chunks(function, X):
     if not sp.issparse(X):
         return function(X)
     rows = max(1, _CHUNK_VALUES // max(X.shape[1], 1))
-    parts = [function(_rows(X, chunk)) for chunk in gen_batches(X.shape[0], rows)]
+    parts = [function(_rows(X, chunk)) for chunk in _slices(X.shape[0], rows)]
     return np.concatenate(parts, axis=0)
+
+
+def _slices(n, size):
+    """``list(sklearn.utils.gen_batches(n, size))`` without its parameter validation
+    (0.1 ms a call: once per epoch, a tenth of a small model's epoch)."""
+    return [slice(start, min(start + size, n)) for start in range(0, n, size)]
 
 
 def _shuffled(index, random_state):
@@ -1228,7 +1234,7 @@ class _FullBatchObjective:
             lower[n:] = 0.0
             self.bounds = _scipy_bounds(lower)
         rows = max(1, self.chunk_values // max(X.shape[1], 1))
-        self.chunks = list(gen_batches(X.shape[0], rows))
+        self.chunks = _slices(X.shape[0], rows)
         if len(self.chunks) == 1:
             self.X = _rows(X, slice(None))
         self.total_weight = float(np.sum(sample_weight, dtype=np.float64))

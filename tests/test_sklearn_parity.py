@@ -184,3 +184,12 @@ def test_epoch_order_is_sklearn_shuffles():
         a, b = _shuffled(a, ours), shuffle(b, random_state=theirs)
         np.testing.assert_array_equal(a, b)
     assert ours.randint(1 << 30) == theirs.randint(1 << 30)  # the same draws
+
+
+@pytest.mark.parametrize("n, size", [(10, 3), (9, 3), (1, 200), (442, 200), (5, 1)])
+def test_batches_are_gen_batches(n, size):
+    from sklearn.utils import gen_batches
+
+    from onnxgrad_sklearn._base import _slices
+
+    assert _slices(n, size) == list(gen_batches(n, size))
