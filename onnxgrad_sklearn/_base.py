@@ -273,16 +273,10 @@ class BaseOrtGradient(BaseEstimator):
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         final = final_estimator(self._template())
-        try:
-            # MLPRegressor takes a 2-D y without saying so in its tags. The estimator's
-            # own type comes from the tags being built: is_classifier(self) would
-            # build them again, recursively.
-            multi = get_tags(final).target_tags.multi_output or type(final).__name__ == (
-                "MLPRegressor"
-            )
-            tags.target_tags.multi_output = multi and tags.estimator_type != "classifier"
-        except Exception:  # an unsupported template: fit will say why
-            tags.target_tags.multi_output = False
+        # The estimator's own type comes from the tags being built: is_classifier(self)
+        # would build them again, recursively.
+        multi = _multi_output(final) and tags.estimator_type != "classifier"
+        tags.target_tags.multi_output = multi
         tags.input_tags.sparse = True  # batches and chunks are densified one at a time
         tags.input_tags.allow_nan = False
         return tags
@@ -1090,7 +1084,8 @@ class BaseOrtGradient(BaseEstimator):
 
     def _run_onnx(self, X, trained_graph=False):
         """Run the exported model (or the trained graph) on X; return its outputs by name."""
-        check_is_fitted(self)
+        if "_converted" not in self.__dict__:
+            check_is_fitted(self)  # not fitted: scikit-learn's error
         self._check_weights_stored("predict")
         if self.__dict__.get("_session") is None:  # a fit that stopped while storing
             self._make_sessions()
@@ -1101,13 +1096,45 @@ class BaseOrtGradient(BaseEstimator):
         )
         X = _as_rows(X, self._converted.dtype)  # the graph's input type
         session = self._logit_session if trained_graph else self._session
-        names = [o.name for o in session.get_outputs()]
-        feed = session.get_inputs()[0].name
+        feed, names = _io_names(session)
         if not sp.issparse(X):
             return dict(zip(names, session.run(None, {feed: X})))
         rows = max(1, _CHUNK_VALUES // max(X.shape[1], 1))  # densified chunk by chunk
         parts = [session.run(None, {feed: _rows(X, c)}) for c in _slices(X.shape[0], rows)]
         return {name: np.concatenate([p[k] for p in parts]) for k, name in enumerate(names)}
+
+
+#: ``multi_output`` of the final model's tags, by type (see :func:`_multi_output`).
+_MULTI_OUTPUT: dict = {}
+
+
+def _multi_output(final) -> bool:
+    """Whether the template's final model takes a 2-D y, by type.
+
+    Tags are built at every ``predict`` (scikit-learn's validation reads them), and
+    the final model's tag depends on its class only. MLPRegressor takes a 2-D y
+    without saying so in its tags.
+    """
+    kind = type(final)
+    found = _MULTI_OUTPUT.get(kind)
+    if found is None:
+        try:
+            found = bool(get_tags(final).target_tags.multi_output) or kind.__name__ == (
+                "MLPRegressor"
+            )
+        except Exception:  # an unsupported template: fit will say why
+            return False
+        _MULTI_OUTPUT[kind] = found
+    return found
+
+
+def _io_names(session):
+    """``(first input, output names)`` of an inference session, read once per session."""
+    names = getattr(session, "_onnxgrad_io", None)
+    if names is None:
+        names = (session.get_inputs()[0].name, [o.name for o in session.get_outputs()])
+        session._onnxgrad_io = names
+    return names
 
 
 def _refuse_unfitted_head(template):
