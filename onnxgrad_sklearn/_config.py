@@ -7,12 +7,18 @@ starts from the defaults.
 
 from __future__ import annotations
 
+import os
 import threading
 from contextlib import contextmanager
 
 __all__ = ["config_context", "get_config", "set_config"]
 
-_global_config = {"allow_tf32": False, "malloc_mmap_threshold": 4 << 20}
+_global_config = {
+    "allow_tf32": False,
+    "malloc_mmap_threshold": 4 << 20,
+    "cache_dir": "default",
+    "cache_max_bytes": 256 << 20,
+}
 _threadlocal = threading.local()
 
 
@@ -44,7 +50,12 @@ def get_config() -> dict:
     return _get_threadlocal_config().copy()
 
 
-def set_config(allow_tf32: bool | None = None, malloc_mmap_threshold: int | None = None) -> None:
+def set_config(
+    allow_tf32: bool | None = None,
+    malloc_mmap_threshold: int | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    cache_max_bytes: int | None = None,
+) -> None:
     """Change the package's settings (those left to ``None`` are not changed).
 
     Parameters
@@ -69,6 +80,16 @@ def set_config(allow_tf32: bool | None = None, malloc_mmap_threshold: int | None
         a setting of the whole process and stays once made; 0 leaves the
         allocator as it is, and so does ``MALLOC_MMAP_THRESHOLD_`` in the
         environment.
+    cache_dir : str or path-like, default=None
+        Folder of the training artifacts' disk cache
+        (:mod:`onnxgrad_sklearn.artifacts`): ``"default"`` (the initial value) is
+        the platform's per-user cache folder (``~/.cache/onnxgrad_sklearn`` on
+        Linux), ``""`` turns the disk cache off, another value names the folder.
+        The environment variable ``ONNXGRAD_SKLEARN_CACHE_DIR``, where it is set,
+        wins (worker processes inherit the environment, not this setting).
+    cache_max_bytes : int, default=None
+        Size bound of the disk cache (256 MiB by default): beyond it, the least
+        recently used entries are removed after each write.
 
     See Also
     --------
@@ -99,10 +120,28 @@ def set_config(allow_tf32: bool | None = None, malloc_mmap_threshold: int | None
                 f"allocator as it is), got {malloc_mmap_threshold!r}."
             )
         local_config["malloc_mmap_threshold"] = malloc_mmap_threshold
+    if cache_dir is not None:
+        if not isinstance(cache_dir, (str, os.PathLike)):
+            raise ValueError(
+                f"cache_dir must be a folder, 'default' or '' (off), got {cache_dir!r}."
+            )
+        local_config["cache_dir"] = os.fspath(cache_dir)
+    if cache_max_bytes is not None:
+        if isinstance(cache_max_bytes, bool) or not isinstance(cache_max_bytes, int):
+            raise ValueError(f"cache_max_bytes must be a number of bytes, got {cache_max_bytes!r}.")
+        if cache_max_bytes < 0:
+            raise ValueError(f"cache_max_bytes must be >= 0, got {cache_max_bytes!r}.")
+        local_config["cache_max_bytes"] = cache_max_bytes
 
 
 @contextmanager
-def config_context(*, allow_tf32: bool | None = None, malloc_mmap_threshold: int | None = None):
+def config_context(
+    *,
+    allow_tf32: bool | None = None,
+    malloc_mmap_threshold: int | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    cache_max_bytes: int | None = None,
+):
     """Change the package's settings within a ``with`` block, then restore them.
 
     Parameters
@@ -110,6 +149,10 @@ def config_context(*, allow_tf32: bool | None = None, malloc_mmap_threshold: int
     allow_tf32 : bool, default=None
         See :func:`set_config`; ``None`` keeps the current value.
     malloc_mmap_threshold : int, default=None
+        See :func:`set_config`; ``None`` keeps the current value.
+    cache_dir : str or path-like, default=None
+        See :func:`set_config`; ``None`` keeps the current value.
+    cache_max_bytes : int, default=None
         See :func:`set_config`; ``None`` keeps the current value.
 
     Yields
@@ -131,7 +174,12 @@ def config_context(*, allow_tf32: bool | None = None, malloc_mmap_threshold: int
     False
     """
     old_config = get_config()
-    set_config(allow_tf32=allow_tf32, malloc_mmap_threshold=malloc_mmap_threshold)
+    set_config(
+        allow_tf32=allow_tf32,
+        malloc_mmap_threshold=malloc_mmap_threshold,
+        cache_dir=cache_dir,
+        cache_max_bytes=cache_max_bytes,
+    )
     try:
         yield
     finally:

@@ -404,19 +404,91 @@ def convert_template(est, n_features: int, dtype=np.float32) -> ConvertedTemplat
     -------
     ConvertedTemplate
     """
+    from . import artifacts
+
     final = final_estimator(est)
     family = family_of(final)
     params = family.params(final)
     values = [ref.get(final) for ref in params]
+    # The graph depends on the structure only: converted once per structure, kept as
+    # an artifact (for the process and on disk), given this model's values.
+    key = artifacts.make_key("converted", _structure(est, final, params, n_features, dtype))
+    cached = artifacts.get(key)
+    if cached is not None:
+        converted = _from_artifact(cached, params, final)
+        if converted is not None:
+            return converted
     # skl2onnx writes initializers element by element: an MLP is converted with
     # small hidden layers (its graph does not depend on their sizes), then the
     # initializers get the real arrays. Full-size markers are the fallback.
     for shapes in (family.marker_shapes(values), [v.shape for v in values]):
         try:
-            return _convert_with_markers(est, final, params, values, shapes, n_features, dtype)
+            converted = _convert_with_markers(est, final, params, values, shapes, n_features, dtype)
         except _LayoutError:
             continue
+        artifacts.put(key, _to_artifact(converted))
+        return converted
     raise AssertionError("unreachable: full-size markers always have a layout")
+
+
+#: Attributes of a fitted or initialised model that record its training, not its
+#: structure: skl2onnx's converters do not read them (the initial weights' copies, the
+#: random state, the loss curve), so that they stay out of the conversion's key.
+_HISTORY = frozenset(
+    {
+        "_best_coefs",
+        "_best_intercepts",
+        "_random_state",
+        "_no_improvement_count",
+        "_optimizer",
+        "loss_curve_",
+        "best_loss_",
+        "validation_scores_",
+        "best_validation_score_",
+        "n_iter_",
+        "t_",
+    }
+)
+
+
+def _structure(est, final, params, n_features, dtype):
+    """What the converted graph depends on: all of ``est`` but the trained values.
+
+    Attributes not listed as history (:data:`_HISTORY`) are part of it, whatever they
+    are: an unknown one can only make two structures differ (a cache miss).
+    """
+    trained = {ref.attr for ref in params}
+    state = {k: v for k, v in vars(final).items() if k not in trained and k not in _HISTORY}
+    head = est.steps[:-1] if isinstance(est, Pipeline) else []
+    shapes = [np.shape(ref.get(final)) for ref in params]
+    return (type(final), state, shapes, head, int(n_features), np.dtype(dtype).str)
+
+
+def _to_artifact(converted: ConvertedTemplate):
+    from .artifacts import Artifact
+
+    return Artifact(
+        {"model.onnx": converted.with_values(None).SerializeToString()},
+        {
+            "params": [[r.attr, r.index, r.penalized, r.trainable] for r in converted.params],
+            "initializer_names": converted.initializer_names,
+            "layouts": converted.layouts,
+            "output_name": converted.output_name,
+        },
+    )
+
+
+def _from_artifact(artifact, params, final) -> ConvertedTemplate | None:
+    """The converted template of a cached artifact, holding ``final``'s values."""
+    meta = artifact.meta
+    if meta.get("params") != [[r.attr, r.index, r.penalized, r.trainable] for r in params]:
+        return None
+    model = onnx.load_from_string(artifact.blobs["model.onnx"])
+    converted = ConvertedTemplate(
+        model, params, list(meta["initializer_names"]), list(meta["layouts"]), meta["output_name"]
+    )
+    _set_values(model, converted.initializer_names, converted.values_from(final))
+    return converted
 
 
 class _LayoutError(Exception):

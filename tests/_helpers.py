@@ -32,3 +32,13 @@ def onnx_predict(model, X):
         model.SerializeToString(), providers=["CPUExecutionProvider"]
     )
     return session.run(None, {session.get_inputs()[0].name: X.astype(np.float32)})[0]
+
+
+def no_artifacts(monkeypatch):
+    """No training artifact kept in memory or on disk for the rest of the test."""
+    from collections import OrderedDict
+
+    from onnxgrad_sklearn import artifacts
+
+    monkeypatch.setenv(artifacts.CACHE_ENV, "")
+    monkeypatch.setattr(artifacts, "_memory", OrderedDict())

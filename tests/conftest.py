@@ -1,5 +1,12 @@
+import os
+import tempfile
+
 import numpy as np
 import pytest
+
+# The suite's training artifacts go to a folder of its own (subprocesses inherit it),
+# never to the user's cache.
+os.environ["ONNXGRAD_SKLEARN_CACHE_DIR"] = tempfile.mkdtemp(prefix="onnxgrad-sklearn-cache-")
 
 
 @pytest.fixture

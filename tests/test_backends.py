@@ -12,6 +12,7 @@ import warnings
 import numpy as np
 import onnx
 import pytest
+from _helpers import no_artifacts
 from onnx import TensorProto, helper
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LinearRegression
@@ -478,6 +479,7 @@ def test_an_operator_onnx_ad_refuses_is_a_clear_error_at_fit(monkeypatch):
 
     monkeypatch.setattr(onnx_ad, "reverse", refuse)
     monkeypatch.setattr(standard, "_STEP_GRAPHS", type(standard._STEP_GRAPHS)())
+    no_artifacts(monkeypatch)  # no step graph built earlier, by this process or another
     X, y = _data()
     est = _mlp(backend="standard", max_iter=2)
     with pytest.raises(ValueError, match=r"backend='standard' cannot differentiate.*Foo"):

@@ -285,6 +285,15 @@ def step_graph(
         model = onnx.ModelProto()
         model.CopyFrom(cached)
         return model, flat
+    from .. import artifacts
+
+    # built by an earlier process: the disk cache (onnx-ad and the passes skipped)
+    stored_key = artifacts.make_key("step", [k.hex() if isinstance(k, bytes) else k for k in key])
+    stored = artifacts.get(stored_key)
+    if stored is not None:
+        model = onnx.load_from_string(stored.blobs["step.onnx"])
+        _keep_step_graph(key, model)
+        return model, flat
     grad = gradient_graph(graph, weight_names, batch, targets)
     adjoints = [o.name for o in grad.graph.output[1:]]
     del grad.graph.output[1:]
@@ -317,13 +326,18 @@ def step_graph(
     _simplify(grad)
     if guard:
         guard_update(grad)
+    artifacts.put(stored_key, artifacts.Artifact({"step.onnx": grad.SerializeToString()}))
+    _keep_step_graph(key, grad)
+    return grad, flat
+
+
+def _keep_step_graph(key, model: onnx.ModelProto) -> None:
     kept = onnx.ModelProto()
-    kept.CopyFrom(grad)
+    kept.CopyFrom(model)
     with _STEP_GRAPHS_LOCK:
         _STEP_GRAPHS[key] = kept
         while len(_STEP_GRAPHS) > _STEP_GRAPHS_KEPT:
             _STEP_GRAPHS.popitem(last=False)
-    return grad, flat
 
 
 def kept_name(output: str) -> str:
