@@ -245,25 +245,32 @@ _lock = threading.Lock()
 _unwritable: set = set()
 
 
-def get(key: str) -> Artifact | None:
-    """The artifact of ``key``: from memory, else from the disk cache; None if absent."""
-    with _lock:
-        found = _memory.get(key)
-        if found is not None:
-            _memory.move_to_end(key)
-            return found
+def get(key: str, memory: bool = True) -> Artifact | None:
+    """The artifact of ``key``: from memory, else from the disk cache; None if absent.
+
+    ``memory=False``: the disk cache only (for a caller that keeps its own
+    in-process cache of the parsed graphs).
+    """
+    if memory:
+        with _lock:
+            found = _memory.get(key)
+            if found is not None:
+                _memory.move_to_end(key)
+                return found
     folder = cache_dir()
     if folder is None or str(folder) in _unwritable:
         return None
     found = _read(folder / (key + SUFFIX), key)
-    if found is not None:
+    if found is not None and memory:
         _remember(key, found)
     return found
 
 
-def put(key: str, artifact: Artifact) -> None:
-    """Keep ``artifact`` for the process and write it to the disk cache (if on)."""
-    _remember(key, artifact)
+def put(key: str, artifact: Artifact, memory: bool = True) -> None:
+    """Keep ``artifact`` for the process (unless ``memory=False``) and write it to the
+    disk cache (if on)."""
+    if memory:
+        _remember(key, artifact)
     folder = cache_dir()
     if folder is None or str(folder) in _unwritable:
         return

@@ -452,6 +452,7 @@ def test_a_new_fit_of_the_same_model_reuses_the_step_graph(monkeypatch):
     reverse = onnx_ad.reverse
     monkeypatch.setattr(onnx_ad, "reverse", lambda *a, **k: calls.append(1) or reverse(*a, **k))
     monkeypatch.setattr(standard, "_STEP_GRAPHS", type(standard._STEP_GRAPHS)())
+    no_artifacts(monkeypatch)
     params = dict(optimizer="nesterov", batch_size=40, max_iter=3, random_state=0)
     first = _mlp(backend="standard", **params).fit(X, y)
     assert len(calls) == 1  # the one batch size of the fit (120 rows in batches of 40)

@@ -26,7 +26,8 @@ def _run(code: str) -> dict:
 def test_import_loads_no_onnx_module_and_a_fit_then_loads_them():
     result = _run(
         f"""
-        import json, sys, warnings
+        import json, os, sys, warnings
+        os.environ["ONNXGRAD_SKLEARN_CACHE_DIR"] = ""  # nothing cached: skl2onnx converts
         import numpy as np
         import onnxgrad_sklearn
         from onnxgrad_sklearn import OrtGradientClassifier, OrtGradientRegressor

@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
+from _helpers import no_artifacts
 from onnx import TensorProto, helper
 from sklearn.neural_network import MLPClassifier, MLPRegressor
 
@@ -31,6 +32,7 @@ def _no_step_graphs_kept(monkeypatch):
     # the tests build the same step graphs with and without the passes
     monkeypatch.setattr(standard, "_STEP_GRAPHS", type(standard._STEP_GRAPHS)())
     monkeypatch.setattr(standard, "_STEP_GRAPHS_KEPT", 0)
+    no_artifacts(monkeypatch)  # nor by an earlier test or process
 
 
 @pytest.fixture

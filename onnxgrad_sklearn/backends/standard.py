@@ -289,7 +289,7 @@ def step_graph(
 
     # built by an earlier process: the disk cache (onnx-ad and the passes skipped)
     stored_key = artifacts.make_key("step", [k.hex() if isinstance(k, bytes) else k for k in key])
-    stored = artifacts.get(stored_key)
+    stored = artifacts.get(stored_key, memory=False)  # parsed, it is kept in _STEP_GRAPHS
     if stored is not None:
         model = onnx.load_from_string(stored.blobs["step.onnx"])
         _keep_step_graph(key, model)
@@ -326,7 +326,9 @@ def step_graph(
     _simplify(grad)
     if guard:
         guard_update(grad)
-    artifacts.put(stored_key, artifacts.Artifact({"step.onnx": grad.SerializeToString()}))
+    artifacts.put(
+        stored_key, artifacts.Artifact({"step.onnx": grad.SerializeToString()}), memory=False
+    )
     _keep_step_graph(key, grad)
     return grad, flat
 
