@@ -84,30 +84,46 @@ def run(epochs: int = DEFAULT_EPOCHS, out: str = DEFAULT_OUT) -> int:
         f"Diabetes: {X_train.shape[0]} training rows, {X_train.shape[1]} features; "
         f"MLP (64,), Nesterov momentum 0.9, alpha 3.0, {epochs} epochs"
     )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        begin = time.perf_counter()
-        reg = OrtGradientRegressor(
-            MLPRegressor(hidden_layer_sizes=(64,)), optimizer=Nesterov(momentum=0.9), **settings
-        ).fit(X_train, y_train_s)
-        ort_seconds = time.perf_counter() - begin
-        begin = time.perf_counter()
-        ref = MLPRegressor(
+
+    def ours():
+        template = MLPRegressor(hidden_layer_sizes=(64,))
+        return OrtGradientRegressor(template, optimizer=Nesterov(momentum=0.9), **settings)
+
+    def theirs():
+        return MLPRegressor(
             hidden_layer_sizes=(64,),
             solver="sgd",
             momentum=0.9,
             nesterovs_momentum=True,
             **settings,
-        ).fit(X_train, y_train_s)
-        skl_seconds = time.perf_counter() - begin
+        )
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        # each timed twice: the first fit of the process (onnx and onnxruntime imported,
+        # the graphs built or read from the cache), then a second one
+        ort_seconds, skl_seconds = [], []
+        for _ in range(2):
+            begin = time.perf_counter()
+            reg = ours().fit(X_train, y_train_s)
+            ort_seconds.append(time.perf_counter() - begin)
+            begin = time.perf_counter()
+            ref = theirs().fit(X_train, y_train_s)
+            skl_seconds.append(time.perf_counter() - begin)
 
     for epoch, loss in enumerate(reg.loss_curve_, 1):
         print(f"epoch {epoch:3d}  loss {loss:.6f}")
 
     r2_ort = r2_score(y_test, reg.predict(X_test) * y_std + y_mean)
     r2_skl = r2_score(y_test, ref.predict(X_test) * y_std + y_mean)
-    print(f"test R2  OrtGradientRegressor: {r2_ort:.4f}  ({ort_seconds:.2f} s)")
-    print(f"test R2  MLPRegressor (sgd):   {r2_skl:.4f}  ({skl_seconds:.2f} s)")
+    for name, r2, seconds in (
+        ("OrtGradientRegressor:", r2_ort, ort_seconds),
+        ("MLPRegressor (sgd):  ", r2_skl, skl_seconds),
+    ):
+        print(
+            f"test R2  {name} {r2:.4f}  (first fit of the process {seconds[0]:.2f} s, "
+            f"second fit {seconds[1]:.2f} s)"
+        )
 
     os.makedirs(out, exist_ok=True)
     path = os.path.abspath(os.path.join(out, "diabetes_mlp.onnx"))
