@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import numbers
+import sys
 import warnings
 from typing import TYPE_CHECKING
 
@@ -17,7 +19,21 @@ from sklearn.utils import check_random_state, get_tags
 from sklearn.utils._param_validation import HasMethods, Interval, Options, StrOptions
 from sklearn.utils.validation import _check_sample_weight, check_is_fitted, validate_data
 
-from ._frames import graph_width, join_head, run_raw, validate_fit_data, with_head
+from ._callbacks import (
+    NO_TASK,
+    CallbackSupportMixin,
+    fit_task,
+    shallow_state,
+    uses_validation_data,
+)
+from ._frames import (
+    graph_width,
+    join_head,
+    run_raw,
+    validate_fit_data,
+    validate_validation_data,
+    with_head,
+)
 from ._lazy import lazy
 from .exceptions import ConvergenceError
 from .families import dropped_settings, family_of
@@ -51,8 +67,12 @@ onnx = lazy("onnx")
 logger = logging.getLogger("onnxgrad_sklearn")
 
 
-class BaseOrtGradient(BaseEstimator):
-    """Common parameters, fit loop and ONNX export of the estimators."""
+class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
+    """Common parameters, fit loop and ONNX export of the estimators.
+
+    With scikit-learn >= 1.9, ``set_callbacks`` sets scikit-learn's callbacks
+    (``sklearn.callback``): see ``_callbacks.py`` and docs/callbacks.md.
+    """
 
     _parameter_constraints: dict = {
         "estimator": [HasMethods(["fit", "predict"]), None],
@@ -239,6 +259,14 @@ class BaseOrtGradient(BaseEstimator):
             state["_export_model"] = state["_export_model"].SerializeToString()
         return state
 
+    def __copy__(self):
+        # A shallow copy, as copy.copy of the pickled state would be, without
+        # serialising the ONNX models or making sessions again: scikit-learn's
+        # callbacks copy the estimator at each epoch (their ``fitted_estimator``).
+        new = object.__new__(type(self))
+        new.__dict__.update(shallow_state(self))
+        return new
+
     def __setstate__(self, state):
         state = dict(state)
         if isinstance(state.get("_export_model"), bytes):
@@ -285,8 +313,16 @@ class BaseOrtGradient(BaseEstimator):
     def _template(self):
         return self._default_estimator() if self.estimator is None else self.estimator
 
-    def _fit(self, X, y, sample_weight=None, incremental=False, classes=None):
+    def _fit(self, X, y, sample_weight=None, incremental=False, classes=None, validation=None):
+        """Validate, initialise, train. ``validation``: ``(X_val, y_val,
+        sample_weight_val)`` given to ``fit`` (None: none given)."""
+        if not _is_rows(X) and _dask_input(X, y, sample_weight):
+            from ._dask import fit_dask  # on a cluster's workers, or computed here
+
+            return fit_dask(self, X, y, sample_weight, incremental, classes, validation)
         first_call = not ((self.warm_start or incremental) and hasattr(self, "_converted"))
+        # what the callbacks receive, as given (a dask collection for rows on a cluster)
+        given = (X.collection if _is_rows(X) else X, y, sample_weight)
         # Until training starts, a failure (bad input, a loss that cannot be built)
         # puts every attribute back: the estimator stays as it was (validate_data
         # records the features at once, _initialize replaces the fitted state).
@@ -295,11 +331,14 @@ class BaseOrtGradient(BaseEstimator):
             X, y2d, sample_weight, fitted, loss, optimizer = self._validate_fit_input(
                 X, y, sample_weight, first_call, incremental, classes
             )
+            validation = self._validate_validation_data(validation, y2d, fitted, optimizer)
             if first_call:
                 self._initialize(X, y2d, fitted, loss)
             if first_call or not incremental or not hasattr(self, "_template_penalty"):
                 # partial_fit keeps the rows of its first call: one engine for every call
-                self._template_penalty = self._templates_penalty(X.shape[0], optimizer.full_batch)
+                self._template_penalty = self._templates_penalty(
+                    X.shape[0], optimizer.full_batch, held_out=validation is None
+                )
             self._penalty = self._resolve_penalty()
             self._loss_ = loss
             loss = self._resolve_loss(loss)
@@ -320,15 +359,20 @@ class BaseOrtGradient(BaseEstimator):
         # training: made again at its end, or by predict should the fit stop half-way.
         self._session = self._logit_session = None
         self._release_trained_values(engine)
+        # scikit-learn's callbacks: one task per epoch or L-BFGS iteration, none for
+        # partial_fit's one epoch (NO_TASK without callbacks)
+        subtasks = 0 if incremental else self.max_iter + (1 if full_batch else 0)
+        task = fit_task(self, *given, max_subtasks=subtasks)
         try:
             if full_batch:
-                self._run_lbfgs(engine, X, y2d, sample_weight, optimizer, loss)
+                self._run_lbfgs(engine, X, y2d, sample_weight, optimizer, loss, task)
             else:
-                self._run_epochs(engine, X, y2d, sample_weight, incremental)
+                self._run_epochs(engine, X, y2d, sample_weight, incremental, validation, task)
         finally:
             if not incremental:  # partial_fit goes on in the same sessions at its next call
                 engine.release_sessions()
             self._store_weights(engine.get_weights())
+        task.finish()
         return self
 
     def _validate_fit_input(self, X, y, sample_weight, first_call, incremental, classes):
@@ -343,6 +387,14 @@ class BaseOrtGradient(BaseEstimator):
         loss = self._objective(final)
         optimizer = self._solver(final, incremental)
         dtype = self._fit_dtype(first_call)  # None: X's own, as MLPRegressor
+        if _is_rows(X):  # partitions on a dask cluster (_dask.py): checked where they are
+            dtype = X.training_dtype(dtype)
+            self._check_runtime(dtype)
+            X, y2d, sample_weight, fitted = X.validate(
+                self, y, sample_weight, first_call, incremental, classes, dtype
+            )
+            self._check_outputs(y2d, first_call)
+            return X, y2d, sample_weight, fitted, loss, optimizer
         # a DataFrame whose columns the template's head takes by name: the head's output
         X, y = validate_fit_data(
             self,
@@ -370,16 +422,63 @@ class BaseOrtGradient(BaseEstimator):
         sample_weight = self._adjust_sample_weight(y2d, sample_weight, fitted)
         if not np.any(sample_weight):
             raise ValueError("Sample weights must contain at least one non-zero number.")
+        self._check_runtime(dtype)
+        self._check_outputs(y2d, first_call)
+        return X, y2d, sample_weight, fitted, loss, optimizer
+
+    def _check_runtime(self, dtype):
+        """Refuse a bad device, or a backend that cannot run here, before any work."""
         from .backends import check_backend  # imports onnx and onnxruntime: on first use
 
         device_to_providers(self.device)  # refuses a bad device before any work
         check_backend(self.backend, self.device, dtype)  # and a backend that cannot run here
+
+    def _check_outputs(self, y2d, first_call):
+        """A continued fit keeps the number of outputs."""
         if not first_call and self._n_model_outputs(y2d) != self.n_outputs_:
             raise ValueError(
                 f"y has {self._n_model_outputs(y2d)} outputs, the estimator was fitted "
                 f"with {self.n_outputs_}."
             )
-        return X, y2d, sample_weight, fitted, loss, optimizer
+
+    def _validate_validation_data(self, validation, y2d, fitted, optimizer):
+        """Check ``(X_val, y_val, sample_weight_val)`` given to ``fit`` as the training
+        data is checked (X_val through the template's head, y_val encoded as y);
+        return them in the training dtype, or None when none is given."""
+        if validation is None or all(v is None for v in validation):
+            return None
+        X_val, y_val, sw_val = validation
+        if X_val is None and y_val is None:
+            raise ValueError("sample_weight_val is provided, but X_val and y_val are not.")
+        if X_val is None or y_val is None:  # HistGradientBoosting's messages
+            given, missing = ("X_val", "y_val") if y_val is None else ("y_val", "X_val")
+            raise ValueError(f"{given} is provided, but {missing} was not provided.")
+        if not self.early_stopping and not uses_validation_data(self):
+            raise ValueError(
+                "X_val and y_val are passed to fit while early_stopping is False: set "
+                "early_stopping=True to stop on their score (they replace the "
+                "validation_fraction split), or set a callback that reads the validation "
+                "scores (one with uses_validation_data=True)."
+            )
+        if optimizer.full_batch:
+            raise ValueError(
+                "X_val and y_val are scored at each epoch of a stochastic optimizer; the "
+                "full-batch L-BFGS solver has no epochs and no early stopping (as "
+                f"{'MLPClassifier' if is_classifier(self) else 'MLPRegressor'}"
+                "(solver='lbfgs')): use optimizer='adam' (or another stochastic one), or "
+                "fit without them."
+            )
+        X_val = validate_validation_data(self, X_val, y2d.dtype)
+        y_val = np.ascontiguousarray(self._validation_targets(y_val, fitted), dtype=y2d.dtype)
+        if y_val.shape[0] != X_val.shape[0] or y_val.shape[1] != y2d.shape[1]:
+            raise ValueError(
+                f"y_val has shape {y_val.shape[:1]} x {y_val.shape[1]} outputs, for X_val's "
+                f"{X_val.shape[0]} rows and y's {y2d.shape[1]} outputs."
+            )
+        sw_val = _check_sample_weight(sw_val, X_val, dtype=y2d.dtype)
+        if not np.any(sw_val):
+            raise ValueError("sample_weight_val must contain at least one non-zero number.")
+        return X_val, y_val, sw_val
 
     def _fit_dtype(self, first_call):
         """The training dtype asked for (None: X's), or for a continued fit the model's."""
@@ -437,15 +536,16 @@ class BaseOrtGradient(BaseEstimator):
             optimizer.widths()  # refuses an invalid smoothing before any work
         return optimizer
 
-    def _templates_penalty(self, n_samples, full_batch):
+    def _templates_penalty(self, n_samples, full_batch, held_out=True):
         """The template's penalty as ``(alpha, l1_ratio)``, for the rows of one batch.
 
         All rows at full batch, so that the objective is the template's own
-        (families.Family.penalty).
+        (families.Family.penalty). ``held_out``: early stopping trains on the rows
+        its split leaves (False: on all of them, the validation set being given).
         """
         rows = n_samples
         if not full_batch:
-            if self.early_stopping:
+            if self.early_stopping and held_out:
                 n_samples -= int(np.ceil(self.validation_fraction * n_samples))
             size = 200 if self.batch_size == "auto" else self.batch_size
             rows = max(1, min(size, n_samples))
@@ -618,13 +718,20 @@ class BaseOrtGradient(BaseEstimator):
             )
         return int(np.clip(self.batch_size, 1, n_samples))
 
-    def _run_epochs(self, engine: TrainingEngine, X, y2d, sample_weight, incremental):
+    def _run_epochs(
+        self, engine: TrainingEngine, X, y2d, sample_weight, incremental, given=None, task=NO_TASK
+    ):
         """Train epoch by epoch until ``max_iter``, a stop or a divergence.
 
         With early stopping, the weights of the best validation score are kept.
+        ``given``: the validation set given to ``fit``; ``task``: the callbacks'
+        tasks, one per epoch, each ended once the epoch is recorded, the stopping
+        rule and the schedule applied (a callback may stop the fit there).
         """
         early_stopping = self.early_stopping and not incremental
-        train, validation = self._split_validation((X, y2d, sample_weight), early_stopping)
+        train, validation = self._split_validation((X, y2d, sample_weight), early_stopping, given)
+        if validation is not None and not early_stopping and self.validation_scores_ is None:
+            self.validation_scores_, self.best_validation_score_ = [], -np.inf  # scored only
         best_weights = engine.get_weights() if early_stopping else None
         n_samples = train[0].shape[0]
         batch_size = self._batch_size(n_samples)
@@ -638,15 +745,20 @@ class BaseOrtGradient(BaseEstimator):
                 if self.shuffle:  # each epoch permutes the last one's order, as MLPRegressor
                     sample_idx = _shuffled(sample_idx, self._random_state)
                 order = sample_idx if self.shuffle else None
+                task.begin("epoch", engine.get_weights)
                 epoch_loss = self._run_interruptible_epoch(
                     engine, train, order, batch_size, best_weights
                 )
                 if epoch_loss is None:  # diverged, weights set back, warned
+                    task.close()
                     diverged = True
                     break
-                if self._end_epoch(engine, epoch_loss, n_samples, validation, bar):
+                if self._end_epoch(engine, epoch_loss, n_samples, validation, bar, early_stopping):
                     best_weights = engine.get_weights()
-                if self._stops(early_stopping, bar) or incremental:
+                stop = self._stops(early_stopping, bar)
+                if task.end(engine.get_weights) and not stop:
+                    stop = self._report_callback_stop(early_stopping, bar)
+                if stop or incremental:
                     break
                 reached_max_iter = self.n_iter_ == self.max_iter
             if not diverged:
@@ -666,8 +778,12 @@ class BaseOrtGradient(BaseEstimator):
         if early_stopping:
             engine.set_weights(best_weights)
 
-    def _split_validation(self, arrays, early_stopping):
-        """Return the training arrays and, with early stopping, the held-out ones (else None)."""
+    def _split_validation(self, arrays, early_stopping, given=None):
+        """Return the training arrays and the validation ones: ``given`` (the set given
+        to ``fit``: every row trains), or with early stopping the held-out split (else None).
+        """
+        if given is not None:
+            return arrays, given
         if not early_stopping:
             return arrays, None
         X, X_val, y2d, y_val, sample_weight, sw_val = train_test_split(
@@ -713,8 +829,14 @@ class BaseOrtGradient(BaseEstimator):
             )
             raise
 
-    def _end_epoch(self, engine, epoch_loss, n_samples, validation, bar) -> bool:
-        """Record an epoch (loss, validation score, progress); return whether it is the best."""
+    def _end_epoch(
+        self, engine, epoch_loss, n_samples, validation, bar, early_stopping=True
+    ) -> bool:
+        """Record an epoch (loss, validation score, progress); return whether it is the best.
+
+        Without ``early_stopping``, a validation set is only scored (for a callback
+        that reads ``validation_scores_``): the training loss rules the stopping.
+        """
         self.n_iter_ += 1
         self.loss_ = epoch_loss
         self.t_ += n_samples
@@ -723,8 +845,13 @@ class BaseOrtGradient(BaseEstimator):
         if validation is not None:
             X_val, y_val, sw_val = validation
             predicted = _by_chunks(engine.predict, X_val)
-            best = self._record_validation(self._score_validation(X_val, y_val, sw_val, predicted))
-        else:
+            score = self._score_validation(X_val, y_val, sw_val, predicted)
+            if early_stopping:
+                best = self._record_validation(score)
+            else:
+                self.validation_scores_.append(score)
+                self.best_validation_score_ = max(self.best_validation_score_, score)
+        if validation is None or not early_stopping:
             self._record_loss(self.loss_)
         logger.info("Iteration %d, loss = %.8f", self.n_iter_, self.loss_)
         if bar is not None:
@@ -752,6 +879,20 @@ class BaseOrtGradient(BaseEstimator):
         self._no_improvement_count = 0
         return False
 
+    def _report_callback_stop(self, early_stopping, bar) -> bool:
+        """Say that a callback ended the training (as early stopping does); return True."""
+        line = f"A callback stopped the fit at epoch {self.n_iter_}"
+        if early_stopping:
+            kept = int(np.argmax(self.validation_scores_)) + 1
+            line += (
+                f": keeping the weights of epoch {kept} (validation score "
+                f"{self.best_validation_score_:.6g})"
+            )
+        logger.info(line + ".")
+        if bar is not None:
+            bar.write(line + ".")
+        return True
+
     def _check_last_update(self, engine, train, batch_size):
         """The last update was not followed by a forward pass: check its weights."""
         X, y2d, sample_weight = train
@@ -773,7 +914,7 @@ class BaseOrtGradient(BaseEstimator):
         if bar is not None:
             bar.write(line)
 
-    def _run_lbfgs(self, engine, X, y2d, sample_weight, optimizer, loss):
+    def _run_lbfgs(self, engine, X, y2d, sample_weight, optimizer, loss, task=NO_TASK):
         """Minimise the loss of the whole training set with scipy's L-BFGS-B.
 
         As MLPRegressor(solver="lbfgs"): ``max_iter`` iterations at most,
@@ -781,7 +922,9 @@ class BaseOrtGradient(BaseEstimator):
         and its gradient come from the runtime, over chunks of rows when the
         data is large. A loss with kinks is first minimised with its kinks
         rounded, for decreasing widths (``optimizer.smoothing``), each stage
-        starting where the last one stopped and sharing the budget.
+        starting where the last one stopped and sharing the budget. ``task``:
+        the callbacks' tasks, one per iteration (as LogisticRegression's); a
+        callback may stop the fit at the end of one.
         """
         import scipy.optimize
         from sklearn.utils.optimize import _check_optimize_result
@@ -791,7 +934,9 @@ class BaseOrtGradient(BaseEstimator):
         penalty = _smooth_penalty(self._penalty)
         l1 = self._penalty[0] * self._penalty[1]
         objectives = [
-            _FullBatchObjective(
+            _full_batch_objective(  # rows in memory, or partitions on a dask cluster
+                self,
+                loss if smooth is None else smooth,
                 engine if smooth is None else self._new_engine(smooth, SGD(), penalty),
                 X,
                 y2d,
@@ -816,8 +961,15 @@ class BaseOrtGradient(BaseEstimator):
             if bar is not None:
                 bar.set_postfix(loss=f"{self.loss_curve_[-1]:.6g}")
                 bar.update(1)
+            now = _lbfgs_point(objectives[0], best["x"], self.loss_curve_)
+            if task.end(*now):
+                stopped.append(len(self.loss_curve_))
+                raise StopIteration  # scipy returns this iteration's point
+            task.begin("lbfgs-iter", *now)
 
         iterations = evaluations = 0
+        stopped = []  # the iteration a callback stopped the fit at
+        task.begin("lbfgs-iter", *_lbfgs_point(objectives[0], x, self.loss_curve_))
         try:
             for (width, _), objective in zip([*stages, (0.0, None)], objectives):
                 if iterations >= self.max_iter and width:
@@ -844,6 +996,11 @@ class BaseOrtGradient(BaseEstimator):
                 if not np.isfinite(result.fun):
                     break
                 x = result.x
+                if stopped:  # the loss of a rounded stage is not the objective's
+                    result.fun = objectives[-1](x)[0] if width else result.fun
+                    result.status = 0  # stopped on purpose: no ConvergenceWarning
+                    logger.info("A callback stopped the fit at L-BFGS iteration %d.", stopped[0])
+                    break
                 if width:
                     logger.info(
                         "L-BFGS with the kinks rounded over %.3g: %d iterations, loss %.8f",
@@ -864,6 +1021,7 @@ class BaseOrtGradient(BaseEstimator):
         finally:
             if bar is not None:
                 bar.close()
+        task.close()  # the iteration begun after the last one never ran
         x = result.x if np.isfinite(result.fun) else best["x"]
         if start is not None and np.isfinite(result.fun) and result.fun > start[1]:
             x, result.fun = start
@@ -1224,6 +1382,45 @@ def _fingerprint(value) -> str:
     return hashlib.sha256(repr(canonical(value)).encode()).hexdigest()
 
 
+def _dask_input(*values) -> bool:
+    """Whether one of ``values`` is a dask collection (dask is not imported to tell)."""
+    if "dask" not in sys.modules:
+        return False
+    from dask.base import is_dask_collection
+
+    return any(is_dask_collection(v) for v in values)
+
+
+def _is_rows(X) -> bool:
+    """Whether ``X`` is the training rows on a dask cluster (``_dask.DaskRows``)."""
+    return getattr(type(X), "_onnxgrad_rows", False)
+
+
+def dask_aware(method):
+    """``method(X, ...)``, or on a dask collection the method run block by block on the
+    scheduler of the collection (``_dask.run_method``): a dask collection back, or a
+    number for ``score``."""
+
+    @functools.wraps(method)
+    def run(self, X, *args, **kwargs):
+        if _dask_input(X, *args, *kwargs.values()):
+            from ._dask import run_method
+
+            return run_method(self, method.__name__, X, *args, **kwargs)
+        return method(self, X, *args, **kwargs)
+
+    return run
+
+
+def _full_batch_objective(est, loss, engine, X, y2d, sample_weight, *args, **kwargs):
+    """The full-batch objective: :class:`_FullBatchObjective` of rows in memory, or for
+    partitions on a dask cluster the same objective, its sums made on the workers
+    (``_dask.DaskFullBatchObjective``, a subclass). ``loss``: the engine's."""
+    if _is_rows(X):
+        return X.objective(est, loss, engine, *args, **kwargs)
+    return _FullBatchObjective(engine, X, y2d, sample_weight, *args, **kwargs)
+
+
 class _FullBatchObjective:
     """Loss and gradient of the whole training set, for scipy, from the engine.
 
@@ -1260,6 +1457,10 @@ class _FullBatchObjective:
             lower[self.split] = 0.0
             lower[n:] = 0.0
             self.bounds = _scipy_bounds(lower)
+        self._set_rows(X, y2d, sample_weight)
+
+    def _set_rows(self, X, y2d, sample_weight):
+        """The rows the sums run over, in chunks of about :attr:`chunk_values` values."""
         rows = max(1, self.chunk_values // max(X.shape[1], 1))
         self.chunks = _slices(X.shape[0], rows)
         if len(self.chunks) == 1:
@@ -1308,22 +1509,36 @@ class _FullBatchObjective:
 
     def __call__(self, x):
         self._x = np.asarray(x, dtype=np.float64)
-        weights = self.unpack(x)
+        return self._evaluate(self.unpack(x))
+
+    def _evaluate(self, weights):
+        """Loss and gradient at ``weights`` (the rows in memory, chunk by chunk)."""
         self.engine.set_weights(weights)
         if len(self.chunks) == 1:
             loss, grads = self.engine.loss_and_gradients(self.X, self.y, self.sw)
             return self._result(loss, grads)
-        total, summed = 0.0, [np.zeros(s) for s in self.shapes]
+        return self._combine(weights, self._chunk_sums())
+
+    def _chunk_sums(self):
+        """``(loss * weight, [gradient * weight])`` of each chunk of rows with a non-zero
+        weight, one at a time: the engine's loss on rows ``c`` is their weighted mean."""
         for rows in self.chunks:
             sw = self.sw[rows]
             weight = float(np.sum(sw, dtype=np.float64))
             if weight == 0:
                 continue
             loss, grads = self.engine.loss_and_gradients(_rows(self.X, rows), self.y[rows], sw)
-            total += loss * weight
+            yield loss * weight, [g * weight for g in grads]
+
+    def _combine(self, weights, parts):
+        """The objective from the sums of the chunks (:meth:`_chunk_sums`), added in
+        their order in float64: each holds the penalty once, the result holds it once."""
+        total, summed, extra = 0.0, [np.zeros(s) for s in self.shapes], -1
+        for loss, grads in parts:
+            total += loss
             for acc, g in zip(summed, grads):
-                acc += g * weight
-        extra = sum(1 for rows in self.chunks if np.any(self.sw[rows])) - 1
+                acc += g
+            extra += 1
         penalty, penalty_grads = self._penalty(weights)
         total -= extra * penalty
         for acc, g in zip(summed, penalty_grads):
@@ -1355,6 +1570,15 @@ def _scipy_bounds(lower):
     import scipy.optimize
 
     return scipy.optimize.Bounds(lower, np.full(len(lower), np.inf))
+
+
+def _lbfgs_point(objective, x, loss_curve):
+    """An L-BFGS iterate for the callbacks' tasks: ``(weights, attributes)``, the
+    weights unpacked from ``x`` when a callback asks for them."""
+    attributes = {"n_iter_": len(loss_curve)}
+    if loss_curve:
+        attributes.update(loss_=loss_curve[-1], best_loss_=min(loss_curve))
+    return (lambda: objective.unpack(x)), attributes
 
 
 def _ftol_option(optimizer) -> dict:

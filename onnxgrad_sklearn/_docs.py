@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import textwrap
 
-__all__ = ["document", "parameters_section"]
+__all__ = ["document", "parameters_section", "validation_section"]
 
 _TASK = {
     "regression": {"mlp": "MLPRegressor", "score": "R2"},
@@ -106,10 +106,12 @@ BaseOptimizer, default="auto"
         Epochs without improvement before stopping (or lowering the rate with
         ``learning_rate="adaptive"``).
     early_stopping : bool, default=False
-        Hold out ``validation_fraction`` of the data{stratified}, stop when its
-        {score} stops improving, and keep the weights of the best epoch.
+        Hold out ``validation_fraction`` of the data{stratified} (or score the
+        ``X_val``, ``y_val`` given to ``fit``), stop when its {score} stops
+        improving, and keep the weights of the best epoch.
     validation_fraction : float, default=0.1
-        Share of the data held out for early stopping.
+        Share of the data held out for early stopping (unused when ``fit``
+        receives ``X_val``).
     warm_start : bool, default=False
         Make ``fit`` continue from the weights of the previous fit.
     verbose : int, default=0
@@ -165,6 +167,37 @@ _CLASS_WEIGHT = """
 """
 
 
+_VALIDATION_DATA = """
+X_val : array-like of shape (n_val, n_features), default=None
+    Validation data for early stopping, as HistGradientBoosting takes it: with
+    ``early_stopping=True`` it replaces the ``validation_fraction`` split (every
+    row of ``X`` then trains), and ``validation_scores_`` and
+    ``best_validation_score_`` are the {score} on it; the weights kept are those
+    of the best score. It goes through the template's head as ``X`` does. Without
+    early stopping it is refused, unless a callback set with ``set_callbacks``
+    reads the validation scores (``uses_validation_data=True``): they are then
+    recorded at each epoch and nothing stops on them. Stochastic optimizers
+    only. In a Pipeline with metadata routing,
+    ``Pipeline(..., transform_input=["X_val"])`` transforms it by the steps in
+    front; ``set_fit_request(X_val=True, y_val=True)`` routes it through
+    GridSearchCV, which slices a fit parameter with as many rows as ``X`` into
+    its folds as it slices ``X``.
+y_val : array-like of shape (n_val,) or (n_val, {outputs}), default=None
+    Targets of ``X_val``{labels}.
+sample_weight_val : array-like of shape (n_val,), default=None
+    Weights of the rows of ``X_val`` in the validation score.
+"""
+
+
+def validation_section(task: str) -> str:
+    """Return the numpydoc entries of ``fit``'s ``X_val``, ``y_val`` and
+    ``sample_weight_val`` for ``task``, unindented."""
+    labels = ", among the classes of ``y``" if task == "classification" else ""
+    outputs = "n_labels" if task == "classification" else "n_outputs"
+    text = _VALIDATION_DATA.format(score=_TASK[task]["score"], labels=labels, outputs=outputs)
+    return textwrap.dedent(text).strip("\n")
+
+
 def parameters_section(task: str) -> str:
     """Return the numpydoc ``Parameters`` entries of the estimator for ``task``.
 
@@ -191,8 +224,13 @@ def parameters_section(task: str) -> str:
 def document(cls, task: str):
     """Put the shared ``Parameters`` entries into the docstring of ``cls``, in place.
 
-    The class docstring holds the line ``{parameters}`` where the entries go.
+    The class docstring holds the line ``{parameters}`` where the entries go, and
+    that of its ``fit`` the line ``{validation}`` where ``X_val``'s go.
     """
     entries = textwrap.indent(parameters_section(task), "    ")
     cls.__doc__ = cls.__doc__.replace("    {parameters}", entries)
+    fit = cls.__dict__.get("fit")
+    if fit is not None and fit.__doc__ and "{validation}" in fit.__doc__:
+        entries = textwrap.indent(validation_section(task), " " * 8)
+        fit.__doc__ = fit.__doc__.replace(" " * 8 + "{validation}", entries)
     return cls

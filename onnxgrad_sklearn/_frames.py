@@ -292,3 +292,24 @@ def run_raw(est, X, trained_graph: bool) -> dict:
     rows = max(1, _CHUNK_VALUES // max(Xt.shape[1], 1))  # a sparse output densified by chunks
     parts = [session.run(None, {feed: _rows(Xt, c)}) for c in gen_batches(Xt.shape[0], rows)]
     return {name: np.concatenate([p[k] for p in parts]) for k, name in enumerate(names)}
+
+
+def validate_validation_data(est, X_val, dtype):
+    """``X_val`` given to ``fit``, checked as ``X`` was and in the training ``dtype``.
+
+    After ``X`` went through the template's head as a DataFrame (raw columns),
+    the same head transforms ``X_val``: the one fitted on ``X`` in this fit, or
+    that of ``estimator_`` in a continued fit. Otherwise ``X_val`` is a matrix of
+    the features ``X`` had (names included), which the trained graph takes as it
+    takes ``X``: the head of a template Pipeline is part of that graph.
+    """
+    from ._base import _as_rows
+
+    if "_raw_columns" in est.__dict__:
+        check_raw_frame(est, X_val)
+        head = est.__dict__.get("_fitted_head")
+        head = _head(est.estimator_) if head is None else head
+        X_val = check_array(head.transform(X_val), accept_sparse=["csr", "csc"], dtype=dtype)
+    else:
+        X_val = validate_data(est, X_val, reset=False, accept_sparse=["csr", "csc"], dtype=dtype)
+    return _as_rows(X_val, dtype)

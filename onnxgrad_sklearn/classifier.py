@@ -13,10 +13,11 @@ from sklearn.utils._available_if import available_if
 from sklearn.utils._param_validation import StrOptions
 from sklearn.utils.class_weight import compute_sample_weight
 from sklearn.utils.multiclass import check_classification_targets, type_of_target, unique_labels
-from sklearn.utils.validation import check_is_fitted
+from sklearn.utils.validation import check_array, check_is_fitted, column_or_1d
 
 from . import losses as _losses
-from ._base import BaseOrtGradient
+from ._base import BaseOrtGradient, dask_aware
+from ._callbacks import with_callbacks
 from ._docs import document
 from .families import family_of
 from .losses import CLASSIFICATION_LOSSES, BaseLoss, LogLoss, OneVsRestLogLoss
@@ -342,6 +343,21 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
             y.argmax(axis=1), self._logits_to_index(prediction), sample_weight=sample_weight
         )
 
+    def _validation_targets(self, y_val, fitted):
+        """``y_val`` encoded as ``y`` is: one-hot over the classes (an indicator as is)."""
+        classes = fitted["classes_"]
+        if self._multilabel:
+            return check_array(y_val, dtype=np.float32, input_name="y_val")
+        y_val = column_or_1d(y_val, warn=True)
+        check_classification_targets(y_val)
+        unknown = np.setdiff1d(np.unique(y_val), classes)
+        if unknown.size:
+            raise ValueError(
+                f"y_val contains labels {unknown.tolist()} that are not among the classes "
+                f"{classes.tolist()} of y."
+            )
+        return np.eye(len(classes), dtype=np.float32)[np.searchsorted(classes, y_val)]
+
     @staticmethod
     def _logits_to_index(logits):
         logits = np.asarray(logits).reshape(logits.shape[0], -1)
@@ -350,7 +366,8 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         return logits.argmax(axis=1)
 
     # public API -------------------------------------------------------------
-    def fit(self, X, y, sample_weight=None):
+    @with_callbacks
+    def fit(self, X, y, sample_weight=None, *, X_val=None, y_val=None, sample_weight_val=None):
         """Train the template's weights on ``X``, ``y``.
 
         Parameters
@@ -361,15 +378,17 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
             Class labels: integers, strings, any sortable labels.
         sample_weight : array-like of shape (n_samples,), default=None
             Weights of the samples in the loss.
+        {validation}
 
         Returns
         -------
         self : OrtGradientClassifier
         """
         self._validate_params()
-        return self._fit(X, y, sample_weight)
+        return self._fit(X, y, sample_weight, validation=(X_val, y_val, sample_weight_val))
 
     @available_if(BaseOrtGradient._stochastic)
+    @with_callbacks
     def partial_fit(self, X, y, sample_weight=None, classes=None):
         """Run one epoch over ``X``, ``y``, continuing from the current weights.
 
@@ -398,6 +417,7 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
             self._validate_params()
         return self._fit(X, y, sample_weight, incremental=True, classes=classes)
 
+    @dask_aware
     def decision_function(self, X):
         """Return the logits computed by onnxruntime on the trained graph.
 
@@ -427,6 +447,7 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
             return True
 
     @available_if(_gives_proba)
+    @dask_aware
     def predict_proba(self, X):
         """Return class probabilities.
 
@@ -454,6 +475,7 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         return proba.astype(np.float64).reshape(proba.shape[0], len(self.classes_))
 
     @available_if(_gives_proba)
+    @dask_aware
     def predict_log_proba(self, X):
         """Return the log of the class probabilities, computed from the logits.
 
@@ -484,6 +506,7 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         z = z - z.max(axis=1, keepdims=True)
         return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
 
+    @dask_aware
     def predict(self, X):
         """Return the most probable class of each sample.
 
@@ -504,6 +527,9 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         if self._multilabel:
             return (z.reshape(len(z), -1) > 0).astype(np.int64)
         return self.classes_[self._logits_to_index(z)]
+
+    # on dask collections: the accuracy from sums over the partitions, where they are
+    score = dask_aware(ClassifierMixin.score)
 
 
 document(OrtGradientClassifier, "classification")

@@ -10,8 +10,10 @@ from sklearn.linear_model import LinearRegression
 from sklearn.metrics import r2_score
 from sklearn.utils._available_if import available_if
 from sklearn.utils._param_validation import StrOptions
+from sklearn.utils.validation import _check_y
 
-from ._base import BaseOrtGradient
+from ._base import BaseOrtGradient, dask_aware
+from ._callbacks import with_callbacks
 from ._docs import document
 from .families import family_of
 from .losses import REGRESSION_LOSSES, BaseLoss
@@ -161,7 +163,12 @@ class OrtGradientRegressor(RegressorMixin, BaseOrtGradient):
     def _score_validation(self, X, y, sample_weight, prediction):
         return r2_score(y, prediction.reshape(y.shape), sample_weight=sample_weight)
 
-    def fit(self, X, y, sample_weight=None):
+    def _validation_targets(self, y_val, fitted):
+        y_val = _check_y(y_val, multi_output=True, y_numeric=True, estimator=self)
+        return np.asarray(y_val, dtype=np.float64).reshape(y_val.shape[0], -1)
+
+    @with_callbacks
+    def fit(self, X, y, sample_weight=None, *, X_val=None, y_val=None, sample_weight_val=None):
         """Train the template's weights on ``X``, ``y``.
 
         Parameters
@@ -172,15 +179,17 @@ class OrtGradientRegressor(RegressorMixin, BaseOrtGradient):
             Targets.
         sample_weight : array-like of shape (n_samples,), default=None
             Weights of the samples in the loss.
+        {validation}
 
         Returns
         -------
         self : OrtGradientRegressor
         """
         self._validate_params()
-        return self._fit(X, y, sample_weight)
+        return self._fit(X, y, sample_weight, validation=(X_val, y_val, sample_weight_val))
 
     @available_if(BaseOrtGradient._stochastic)
+    @with_callbacks
     def partial_fit(self, X, y, sample_weight=None):
         """Run one epoch over ``X``, ``y``, continuing from the current weights.
 
@@ -206,6 +215,7 @@ class OrtGradientRegressor(RegressorMixin, BaseOrtGradient):
             self._validate_params()
         return self._fit(X, y, sample_weight, incremental=True)
 
+    @dask_aware
     def predict(self, X):
         """Predict with onnxruntime on the trained ONNX model.
 
@@ -223,6 +233,9 @@ class OrtGradientRegressor(RegressorMixin, BaseOrtGradient):
         outputs = self._run_onnx(X)
         pred = outputs[self._export_model.graph.output[0].name].astype(np.float64)
         return pred.ravel() if self.n_outputs_ == 1 else pred.reshape(-1, self.n_outputs_)
+
+    # on dask collections: R2 from sums over the partitions, where they are
+    score = dask_aware(RegressorMixin.score)
 
 
 document(OrtGradientRegressor, "regression")

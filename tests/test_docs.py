@@ -15,6 +15,8 @@ pytest.importorskip("pydata_sphinx_theme", reason="the docs need pydata-sphinx-t
 pytest.importorskip("sphinx_gallery", reason="the gallery needs sphinx-gallery")
 pytest.importorskip("matplotlib", reason="the gallery examples draw with matplotlib")
 pytest.importorskip("pandas", reason="a gallery example trains on a DataFrame")
+pytest.importorskip("sklearn.callback", reason="callbacks.md and an example need scikit-learn 1.9")
+pytest.importorskip("rich", reason="callbacks.md shows ProgressBar, which needs rich")
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -24,7 +26,7 @@ EXAMPLES = sorted((ROOT / "examples").glob("plot_*.py"))
 BUILD_TIMEOUT_S = 300
 
 #: Pages whose Python blocks run as they are, top to bottom, in one namespace.
-RUNNABLE_PAGES = ["getting_started.md", "extending.md"]
+RUNNABLE_PAGES = ["getting_started.md", "extending.md", "callbacks.md"]
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +94,7 @@ def test_gallery_runs_every_example(build):
         ("plot_3_finetune_logistic", "fine-tuned: accuracy"),
         ("plot_4_dataframe_pipeline", "largest difference to predict: 0.0"),
         ("plot_5_custom_loss", "backend: standard"),
+        ("plot_6_scoring_monitor", "epoch rows and one for the fit"),
     ],
 )
 def test_gallery_example_shows_its_result(html, example, expected):
@@ -107,6 +110,18 @@ def test_quantile_bands_hold_their_quantiles(html):
     assert [q for q, _ in found] == ["0.1", "0.5", "0.9"]
     for q, below in found:
         assert abs(float(below) - 100 * float(q)) <= 1.5, (q, below)
+
+
+def test_scoring_monitor_example_scores_the_kept_epoch(html):
+    """The monitor's row for the fit, its row for the kept epoch and score() agree."""
+    text = (html / "auto_examples" / "plot_6_scoring_monitor.html").read_text(encoding="utf-8")
+    found = re.search(
+        r"kept epoch (\d+): training R2 ([-\d.]+) in the fit.s row, ([-\d.]+) in the "
+        r"epoch.s row, ([-\d.]+) from reg.score",
+        text,
+    )
+    assert found, "the example does not print its kept epoch"
+    assert int(found[1]) > 1 and found[2] == found[3] == found[4]
 
 
 def test_user_pages_are_built(html):

@@ -1,0 +1,238 @@
+"""scikit-learn's callbacks (``sklearn.callback``, SLEP023) in the fit loops.
+
+scikit-learn 1.9 gives estimators ``set_callbacks`` (``CallbackSupportMixin``) and
+reports to the callbacks through a tree of tasks (``CallbackContext``). Here the
+root task is ``"fit"`` and its only subtasks are the epochs (``"epoch"``) or the
+L-BFGS iterations (``"lbfgs-iter"``, as LogisticRegression names them); a
+``partial_fit`` call is one ``"fit"`` task without subtasks (as StandardScaler's).
+Each task receives the ``X``, ``y`` (and ``sample_weight`` as metadata) given to
+the fit and, for the callbacks that ask for it, a ``fitted_estimator``: a copy of
+the estimator that predicts with the weights of that point, built only when a
+callback's hook takes it. A callback whose ``on_fit_task_end`` returns True stops
+the fit after that epoch or iteration.
+
+With scikit-learn older than 1.9 there is no ``sklearn.callback``: the mixin is
+empty, ``with_callbacks`` returns the method itself, and no task is made. A fit
+with no callback set makes no task either: the loops see :data:`NO_TASK`, whose
+calls do nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import numpy as np
+
+try:  # scikit-learn >= 1.9
+    from sklearn.callback import CallbackSupportMixin, with_callbacks
+except ImportError:  # scikit-learn < 1.9: no callback API, the estimators work as before
+
+    class CallbackSupportMixin:  # type: ignore[no-redef]
+        """Stands in for scikit-learn's mixin where scikit-learn has no callbacks."""
+
+    def with_callbacks(method):  # type: ignore[no-redef]
+        """Stands in for scikit-learn's decorator: the method itself."""
+        return method
+
+
+__all__ = [
+    "CallbackSupportMixin",
+    "NO_TASK",
+    "callbacks_of",
+    "fit_task",
+    "shallow_state",
+    "uses_validation_data",
+    "with_callbacks",
+]
+
+#: What scikit-learn's callback machinery keeps on an estimator during its fit; a
+#: copy of the estimator (a ``fitted_estimator``) does not take it along.
+_CONTEXT_ATTRIBUTES = ("_callback_fit_ctx", "_skl_callbacks_to_teardown", "_parent_callback_ctx")
+
+#: Attributes the fit loops change in place: a copy gets its own.
+_LISTS = ("loss_curve_", "validation_scores_")
+_MISSING = object()
+
+
+def callbacks_of(estimator) -> list:
+    """The callbacks set on ``estimator`` (``set_callbacks``), propagated ones included."""
+    return list(estimator.__dict__.get("_skl_callbacks", ()))
+
+
+def uses_validation_data(estimator) -> bool:
+    """Whether a callback of ``estimator`` says it reads the validation scores.
+
+    Such a callback has a true ``uses_validation_data`` attribute: it lets ``fit``
+    take ``X_val`` and ``y_val`` without ``early_stopping``, and then
+    ``validation_scores_`` records the score on them at each epoch.
+    """
+    return any(getattr(cb, "uses_validation_data", False) for cb in callbacks_of(estimator))
+
+
+def shallow_state(estimator, optimizer_state=True) -> dict:
+    """The ``__dict__`` of a shallow copy of ``estimator`` that can train on its own.
+
+    What pickling keeps, without serialising the ONNX models or making sessions
+    again: the training engine is left out (its optimizer state kept as arrays
+    when ``optimizer_state``), and so is scikit-learn's callback context. What a
+    fit changes in place is copied: the lists and random state of the loops, the
+    converted template (whose model a fit replaces) and ``estimator_`` (whose
+    weights it replaces; its arrays are shared, never written into). The ONNX
+    models and the predict sessions are shared: a fit replaces them.
+    """
+    from .templates import _copy_sharing_arrays
+
+    state = dict(estimator.__dict__)
+    for name in _CONTEXT_ATTRIBUTES:
+        state.pop(name, None)
+    engine = state.pop("_engine", None)
+    if engine is not None and optimizer_state:
+        state["_optimizer_state"] = engine.get_state()
+    for name in _LISTS:
+        if isinstance(state.get(name), list):
+            state[name] = list(state[name])
+    if "_converted" in state:
+        state["_converted"] = dataclasses.replace(state["_converted"])
+    if "estimator_" in state:
+        state["estimator_"] = _copy_sharing_arrays(state["estimator_"])
+    if "_schedule" in state:  # a few floats
+        state["_schedule"] = copy.copy(state["_schedule"])
+    if isinstance(state.get("_random_state"), np.random.RandomState):
+        random_state = np.random.RandomState()
+        random_state.set_state(state["_random_state"].get_state())
+        state["_random_state"] = random_state
+    return state
+
+
+def fitted_state(estimator, weights, attributes=None) -> dict:
+    """The attributes that make a copy of ``estimator`` predict with ``weights``.
+
+    scikit-learn's ``fitted_estimator`` is ``copy.copy(estimator)`` given these
+    attributes: the fitted state as ``fit`` would have left it had it stopped
+    here (the ONNX model, ``estimator_`` with ``weights`` written in, the counters
+    and curves so far, overridden by ``attributes``), without callbacks. The copy
+    makes its predict sessions when it first predicts.
+    """
+    from .templates import _copy_sharing_arrays
+
+    probe = object.__new__(type(estimator))
+    probe.__dict__.update(estimator.__dict__)  # _store_weights replaces what it changes
+    probe.__dict__.update(attributes or {})
+    probe._converted = dataclasses.replace(estimator._converted)
+    probe.estimator_ = _copy_sharing_arrays(estimator.estimator_)
+    # the predict sessions are made by the copy's first predict (_run_onnx), not here:
+    # a callback that does not predict (one that saves the copy) does not pay for them
+    probe.__dict__["_make_sessions"] = _no_sessions
+    try:
+        probe._store_weights(weights)
+    finally:
+        del probe.__dict__["_make_sessions"]
+    located = probe.__dict__.get("_export_converted")
+    if located is not None:  # converted for the export once per fit, not once per epoch
+        estimator.__dict__.setdefault("_export_converted", located)
+    # what differs from the estimator: the rest, copy.copy (shallow_state) gives
+    state = estimator.__dict__
+    changed = {k: v for k, v in probe.__dict__.items() if state.get(k, _MISSING) is not v}
+    # A snapshot has no callbacks: pickled, it would take them along, and with them
+    # every snapshot a callback keeps.
+    changed["_skl_callbacks"] = []
+    return changed
+
+
+def _no_sessions():
+    """Stands in for ``_make_sessions`` while a ``fitted_estimator`` is built."""
+
+
+class _NoTask:
+    """The tasks of a fit without callbacks: every call does nothing."""
+
+    def begin(self, name, weights, attributes=None) -> None:
+        pass
+
+    def end(self, weights, attributes=None) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+#: The tasks of a fit with no callback set.
+NO_TASK = _NoTask()
+
+
+class FitTask:
+    """The root task of one fit and its subtasks, reported to the callbacks.
+
+    Parameters
+    ----------
+    estimator : BaseOrtGradient
+        The estimator being fitted.
+    X, y, metadata :
+        What each task gives the callbacks: the data given to ``fit`` and
+        ``{"sample_weight": ...}`` (None without sample weights).
+    max_subtasks : int
+        The most epochs or iterations the fit can run (0 for ``partial_fit``).
+    """
+
+    def __init__(self, estimator, X, y, metadata, max_subtasks):
+        self.estimator = estimator
+        self.data = {"X": X, "y": y, "metadata": metadata}
+        self.root = estimator._init_callback_context(task_name="fit", max_subtasks=max_subtasks)
+        self.root.call_on_fit_task_begin(estimator=estimator, **self.data)
+        self.leaf = max_subtasks == 0  # partial_fit: its one epoch is the task itself
+        self.current = None
+
+    def _fitted(self, weights, attributes):
+        """``reconstruction_attributes``: evaluated by scikit-learn only when a hook
+        takes ``fitted_estimator``."""
+        return lambda: fitted_state(self.estimator, weights(), attributes)
+
+    def begin(self, name, weights, attributes=None) -> None:
+        """Begin a subtask ``name``; ``weights()`` gives the weights at its start,
+        ``attributes`` the fitted attributes that differ from the estimator's now."""
+        if self.leaf:
+            return
+        self.current = self.root.subcontext(task_name=name)
+        self.current.call_on_fit_task_begin(
+            estimator=self.estimator,
+            **self.data,
+            reconstruction_attributes=self._fitted(weights, attributes),
+        )
+
+    def end(self, weights, attributes=None) -> bool:
+        """End the current subtask; return whether a callback asks the fit to stop."""
+        if self.leaf:
+            return False
+        context, self.current = self.current, None
+        return context.call_on_fit_task_end(
+            estimator=self.estimator,
+            **self.data,
+            reconstruction_attributes=self._fitted(weights, attributes),
+        )
+
+    def close(self) -> None:
+        """End a subtask begun but never run (after the last L-BFGS iteration, a
+        divergence) as an empty task, so that every begin has its end."""
+        if self.current is not None:
+            context, self.current = self.current, None
+            context.call_on_fit_task_end(estimator=self.estimator)
+
+    def finish(self) -> None:
+        """End the root task: its ``fitted_estimator`` is the fitted estimator."""
+        self.close()
+        self.root.call_on_fit_task_end(
+            estimator=self.estimator, **self.data, reconstruction_attributes={}
+        )
+
+
+def fit_task(estimator, X, y, sample_weight, max_subtasks):
+    """The tasks of a fit of ``estimator``: :class:`FitTask`, or :data:`NO_TASK`
+    when no callback is set (or scikit-learn has no callback API)."""
+    if not callbacks_of(estimator) or not hasattr(estimator, "_init_callback_context"):
+        return NO_TASK
+    metadata = None if sample_weight is None else {"sample_weight": sample_weight}
+    return FitTask(estimator, X, y, metadata, max_subtasks)

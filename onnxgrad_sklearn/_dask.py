@@ -1,0 +1,1027 @@
+"""Dask collections: fit on a cluster's workers, predict partition by partition.
+
+``fit`` given dask arrays, DataFrames or Series (``_base._fit`` sends them here):
+
+- Without a ``distributed`` client, or for what this version trains in one process
+  (a mini-batch optimizer, ``partial_fit``, a Pipeline template, non-numeric columns,
+  sparse blocks, multilabel targets), the collections are computed into memory and the
+  fit runs as it does on NumPy or pandas data, which an INFO log says.
+- With a client and the full-batch L-BFGS solver, :class:`DaskRows` keeps each
+  partition of X on the worker that holds it, with its blocks of y and of the sample
+  weights moved there, checked and in the training dtype. The shared fit
+  (``_base._fit``, ``_base._run_lbfgs``) takes it in place of X and gets its objective
+  from :meth:`DaskRows.objective`: a :class:`DaskFullBatchObjective`, the loop's
+  ``_FullBatchObjective`` whose sums over chunks of rows are made on the workers, one
+  task per worker and evaluation, pinned to it. Each worker builds its training engine
+  once per fit from bytes sent once, with its ``nthreads`` (:data:`_ENGINES`); the
+  client adds the sums in the order of the partitions and chunks, in float64, and
+  applies the penalty as for rows in memory.
+
+``predict``, ``predict_proba``, ``predict_log_proba``, ``decision_function`` and
+``score`` on dask collections (``_base.dask_aware``) run on each block with the
+collection's scheduler, whichever it is. The estimator is one key of the graph: a
+distributed worker unpickles it, and so makes its inference sessions, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import sys
+import threading
+import time
+import uuid
+import warnings
+from collections import Counter, OrderedDict
+
+import numpy as np
+
+from ._base import _CHUNK_VALUES, _as_rows, _FullBatchObjective, _slices
+
+logger = logging.getLogger("onnxgrad_sklearn")
+
+#: Seconds a round waits before it checks that the workers it runs on are alive.
+POLL_S = 1.0
+#: Seconds to wait, after workers holding partitions left, for dask to compute them again.
+RECOVERY_S = 60.0
+#: Times one evaluation is repeated after a loss of workers, at most.
+MAX_RECOVERIES = 3
+#: Weights of more bytes than this are scattered once per round, not put in each task.
+INLINE_BYTES = 1 << 20
+
+
+class DaskWorkerLostError(RuntimeError):
+    """Partitions of the training rows were lost with their worker and not computed again."""
+
+
+# fit ----------------------------------------------------------------------
+def fit_dask(est, X, y, sample_weight, incremental, classes, validation):
+    """``est._fit`` on dask collections: on the workers, or computed into memory here."""
+    client = _get_client()
+    reason = _why_local(est, client, X, y, incremental)
+    if reason is not None:
+        logger.info(
+            "%s.fit received dask collections and %s: they are computed into memory and "
+            "the fit runs in this process.",
+            type(est).__name__,
+            reason,
+        )
+        validation = (None, None, None) if validation is None else tuple(validation)
+        with _client_context(client) as scheduler:
+            X, y, sample_weight, *validation = _compute(scheduler, X, y, sample_weight, *validation)
+        return est._fit(X, y, sample_weight, incremental, classes, tuple(validation))
+    if validation is not None and any(v is not None for v in validation):
+        # the full-batch solver takes no validation set: refused before any work
+        est._validate_validation_data(validation, None, None, _optimizer(est))
+    with _client_context(client) as client:
+        _check_workers(client)
+        rows = DaskRows(client, X)
+        try:
+            return est._fit(rows, y, sample_weight, incremental, classes, validation)
+        finally:
+            rows.close()
+
+
+def _get_client():
+    """The ``distributed`` client a fit trains with (``distributed.get_client()``), or None."""
+    if "distributed" not in sys.modules:  # no client without it: not imported to tell
+        return None
+    from distributed import get_client
+
+    try:
+        return get_client()
+    except ValueError:
+        return None
+
+
+def _in_task() -> bool:
+    try:
+        from distributed import get_worker
+
+        get_worker()
+    except (ImportError, ValueError):
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _client_context(client):
+    """``client``, or inside a dask task a client of the worker that has left its thread
+    pool for the while (``worker_client``): the fit's tasks can run on that worker."""
+    if client is None or not _in_task():
+        yield client
+        return
+    from distributed import worker_client
+
+    with worker_client() as inner:
+        yield inner
+
+
+def _compute(scheduler, *values):
+    import dask
+
+    if scheduler is None:
+        return dask.compute(*values)
+    return dask.compute(*values, scheduler=scheduler)
+
+
+def _optimizer(est):
+    from .templates import check_template, final_estimator
+
+    template = est._template()
+    check_template(template, est._task, type(est).__name__)
+    return est._solver(final_estimator(template), False)
+
+
+def _why_local(est, client, X, y, incremental):
+    """Why these collections are trained in this process (None: on the workers)."""
+    from dask.base import is_dask_collection
+    from sklearn.base import is_classifier
+    from sklearn.pipeline import Pipeline
+
+    if client is None:
+        return (
+            "no distributed client is running (create one, for example with "
+            "distributed.Client(), to train on its workers)"
+        )
+    if incremental:
+        return "partial_fit trains on the rows it is given"
+    if not is_dask_collection(X):
+        return "X is in memory"
+    optimizer = _optimizer(est)
+    if not optimizer.full_batch:
+        return (
+            f"the optimizer {type(optimizer).__name__} takes mini-batches (in this version "
+            "only the full-batch L-BFGS solver trains on the workers)"
+        )
+    template = est._template()
+    if isinstance(template, Pipeline) and len(template.steps) > 1:
+        return "the template is a Pipeline (in this version its preprocessing runs here)"
+    kind = _kind(X)
+    if kind == "frame" and not _numeric_frame(X):
+        return "X has non-numeric columns"
+    if kind == "series" or (kind == "array" and X.ndim != 2):
+        return "X is not 2-D"
+    if kind == "array" and not isinstance(X._meta, np.ndarray):
+        return f"the blocks of X are {type(X._meta).__name__} (sparse), not NumPy arrays"
+    if is_classifier(est) and _width(y) not in (None, 1):
+        return "y is a label indicator matrix (multilabel)"
+    return None
+
+
+def _kind(v) -> str:
+    """``"array"``, ``"frame"`` or ``"series"`` for a dask collection, else ``"other"``."""
+    import dask.array as da
+
+    if isinstance(v, da.Array):
+        return "array"
+    dataframe = sys.modules.get("dask.dataframe")  # imported where there is one
+    if dataframe is not None and isinstance(v, dataframe.DataFrame):
+        return "frame"
+    if dataframe is not None and isinstance(v, dataframe.Series):
+        return "series"
+    return "other"
+
+
+def _numeric_frame(X) -> bool:
+    import pandas as pd
+
+    return all(
+        pd.api.types.is_numeric_dtype(t) and not isinstance(t, pd.CategoricalDtype)
+        for t in X.dtypes
+    )
+
+
+def _width(y):
+    """Columns of a 2-D ``y`` (None for 1-D or no y)."""
+    if y is None:
+        return None
+    kind = _kind(y) if _lazy(y) else "other"
+    if kind == "frame":
+        return len(y.columns)
+    if kind == "series":
+        return None
+    shape = y.shape if kind == "array" else np.shape(y)
+    return shape[1] if len(shape) == 2 else None
+
+
+# workers' versions ----------------------------------------------------------
+def _versions() -> dict:
+    """The versions of this package and of onnxruntime in this process."""
+    import onnxgrad_sklearn
+
+    from .runtime import import_onnxruntime
+
+    return {
+        "onnxgrad_sklearn": onnxgrad_sklearn.__version__,
+        "onnxruntime": import_onnxruntime().__version__,
+    }
+
+
+#: What ``client.run`` sends to each worker (a test replaces it).
+_worker_versions = _versions
+
+
+def _check_workers(client) -> None:
+    """Refuse workers without this package, or with other versions of it or onnxruntime."""
+    here = _versions()
+    found = client.run(_worker_versions, on_error="return")
+    if not found:
+        raise RuntimeError("The dask cluster has no worker: start workers before fitting.")
+    wanted = f"onnxgrad_sklearn {here['onnxgrad_sklearn']} with onnxruntime {here['onnxruntime']}"
+    bad = []
+    for address, versions in sorted(found.items()):
+        if isinstance(versions, BaseException):
+            bad.append(f"{address} cannot run this package ({versions})")
+        elif versions != here:
+            bad.append(
+                f"{address} has onnxgrad_sklearn {versions.get('onnxgrad_sklearn')} with "
+                f"onnxruntime {versions.get('onnxruntime')}"
+            )
+    if bad:
+        raise RuntimeError(
+            f"The dask workers need the versions this process has ({wanted}), and "
+            + "; ".join(bad)
+            + f". Install onnxgrad-sklearn=={here['onnxgrad_sklearn']} and the same "
+            "onnxruntime on the workers (or fit without a distributed client: the data is "
+            "then computed into memory here)."
+        )
+
+
+# the rows on the workers -----------------------------------------------------
+class DaskRows:
+    """The training rows of a fit as partitions on a dask cluster.
+
+    Takes the place of X in the shared fit: :meth:`validate` checks the data where it
+    is and keeps each partition (X, y encoded as the loss takes it, the sample
+    weights, all in the training dtype) on the worker that holds its block of X;
+    :meth:`objective` gives the full-batch loop its objective, whose sums
+    :meth:`sums` makes there. Only its ``shape`` and ``dtype`` are read as X's.
+    """
+
+    _onnxgrad_rows = True  # what _base._is_rows looks for
+
+    def __init__(self, client, X):
+        self.client = client
+        self.collection = X  # as given: what the callbacks receive
+        self.fit_id = uuid.uuid4().hex
+        self.parts = []  # futures of the partitions (_Part), in order
+        self.index = []  # each one's partition number in X
+        self.placement = {}  # worker address -> positions in self.parts
+        self.payloads = {}  # stage -> [bytes, future]: what the workers build engines from
+        self.rounds = 0
+        self.tasks = Counter()  # worker address -> tasks run
+        self.shape = (0, 0)
+        self.dtype = None
+        self.total_weight = 0.0
+
+    ndim = 2
+
+    def training_dtype(self, asked):
+        """The training dtype: ``asked``, or X's own float type (float64 for others)."""
+        if asked is not None:
+            return np.dtype(asked)
+        X = self.collection
+        dtype = np.result_type(*X.dtypes) if _kind(X) == "frame" else X.dtype
+        return dtype if dtype in (np.float32, np.float64) else np.dtype(np.float64)
+
+    # validation ------------------------------------------------------------
+    def validate(self, est, y, sample_weight, first_call, incremental, classes, dtype):
+        """Check X, y and the sample weights on the workers, before any round.
+
+        Returns what the shared fit takes: ``(X, y2d, sample_weight, fitted)``, X being
+        this object and ``y2d``, ``sample_weight`` views of the partitions.
+        """
+        from sklearn.base import is_classifier
+        from sklearn.exceptions import DataConversionWarning
+        from sklearn.utils.validation import _check_feature_names, _check_n_features
+
+        X, client, name = self.collection, self.client, type(est).__name__
+        if y is None:
+            raise ValueError(f"{name} requires y to be passed, but the target y is None.")
+        # a DataFrame's names and width from its empty pandas frame (dask's _meta)
+        described = X._meta if _kind(X) == "frame" else X
+        _check_feature_names(est, described, reset=first_call)
+        _check_n_features(est, described, reset=first_call)
+        n_features = described.shape[1]
+        width = _width(y)
+        if width == 1:
+            warnings.warn(
+                "A column-vector y was passed when a 1d array was expected. Please "
+                "change the shape of y to (n_samples,), for example using ravel().",
+                DataConversionWarning,
+                stacklevel=5,
+            )
+        classifier = is_classifier(est)
+        xs, ys, ws, addresses = self._place_blocks(X, y, sample_weight)
+        if classifier:
+            found = client.gather([client.submit(_labels, f, name, pure=False) for f in ys])
+            labels, counts = _merge_labels(found)
+        else:
+            labels, counts = np.zeros((1, width or 1)), None
+        # the estimator's own checks of the targets (classes, their number, a continued
+        # fit's), on the labels found (a regressor: on one row)
+        _, fitted = est._validate_targets(labels, first_call, incremental, classes)
+        spec = {
+            "name": name,
+            "dtype": np.dtype(dtype),
+            "n_features": n_features,
+            "classifier": classifier,
+            "classes": fitted.get("classes_"),
+            "width": len(fitted["classes_"]) if classifier else (width or 1),
+            "class_weight": None,
+        }
+        if classifier and est._class_weight() is not None:
+            spec["class_weight"] = (labels, _class_weights(est._class_weight(), labels, counts))
+        parts = [
+            client.submit(
+                _prepare,
+                i,
+                x,
+                yb,
+                wb,
+                spec,
+                # where X's block is; elsewhere only when dask computes it again there
+                workers=[address],
+                allow_other_workers=True,
+                pure=False,
+                key=f"onnxgrad-rows-{i}-{self.fit_id}",
+            )
+            for i, (x, yb, wb, address) in enumerate(zip(xs, ys, ws, addresses))
+        ]
+        del xs, ys, ws  # the partitions hold the data now
+        stats = client.gather(
+            [
+                client.submit(_describe, p, workers=[a], allow_other_workers=True, pure=False)
+                for p, a in zip(parts, addresses)
+            ]
+        )
+        n_samples = sum(s[0] for s in stats)
+        if n_samples == 0:
+            raise ValueError(
+                f"Found array with 0 sample(s) (shape=(0, {n_features})) while a minimum "
+                f"of 1 is required by {name}."
+            )
+        if not any(s[2] for s in stats):
+            raise ValueError("Sample weights must contain at least one non-zero number.")
+        kept = [i for i, s in enumerate(stats) if s[0]]  # empty partitions take no part
+        self.parts = [parts[i] for i in kept]
+        self.index = kept
+        self.total_weight = float(sum(s[1] for s in stats))
+        self._place()
+        self.shape = (n_samples, n_features)
+        self.dtype = np.dtype(dtype)
+        logger.info(
+            "%d rows in %d partitions on %d dask workers (%s)",
+            n_samples,
+            len(self.parts),
+            len(self.placement),
+            ", ".join(f"{a}: {len(k)}" for a, k in sorted(self.placement.items())),
+        )
+        y2d = _RowsView(self, (n_samples, spec["width"]), dtype)
+        return self, y2d, _RowsView(self, (n_samples,), dtype), fitted
+
+    def _place_blocks(self, X, y, sample_weight):
+        """The blocks of X computed on the cluster (where dask puts them, or where they
+        are when X is persisted), y's and the weights' paired with them; returns their
+        futures (or values) and the worker of each block of X."""
+        from distributed import wait
+
+        client = self.client
+        xs = _row_blocks(X)
+        lengths = _known_lengths(X)
+        items = [_split_like(v, len(xs), lengths) for v in (y, sample_weight)]
+        # one graph: what X and y share (a table read once) is computed once
+        lazy = [b for b in xs] + [b for blocks in items if blocks for b in blocks if _lazy(b)]
+        futures = dict(zip(map(id, lazy), client.compute(lazy)))
+        xs = [futures[id(b)] for b in xs]
+        wait(xs)
+        for f in xs:
+            if f.status == "error":
+                f.result()  # raises what computing X raised
+        holders = client.who_has(xs)
+        addresses = [sorted(holders[f.key])[0] for f in xs]
+        if any(blocks is None for blocks in items):  # in memory, or not aligned with X
+            lengths = lengths or tuple(
+                client.gather(
+                    [client.submit(len, f, workers=[a], pure=False) for f, a in zip(xs, addresses)]
+                )
+            )
+        out = []
+        for v, blocks in zip((y, sample_weight), items):
+            if blocks is None:
+                blocks = _split_like(v, len(xs), lengths, force=True)
+            if any(_lazy(b) for b in blocks):
+                new = [b for b in blocks if _lazy(b) and id(b) not in futures]
+                futures.update(zip(map(id, new), client.compute(new)))
+                blocks = [futures[id(b)] if _lazy(b) else b for b in blocks]
+            elif any(isinstance(b, np.ndarray) for b in blocks):  # in memory: to X's worker
+                blocks = [
+                    client.scatter(b, workers=[a], hash=False) if isinstance(b, np.ndarray) else b
+                    for b, a in zip(blocks, addresses)
+                ]
+            out.append(blocks)
+        return xs, out[0], out[1], addresses
+
+    def _place(self, holders=None, alive=None):
+        """Which worker serves each partition: the one that holds it."""
+        holders = self.client.who_has(self.parts) if holders is None else holders
+        placement = {}
+        for k, f in enumerate(self.parts):
+            where = sorted(a for a in holders.get(f.key, ()) if alive is None or a in alive)
+            placement.setdefault(where[0], []).append(k)
+        self.placement = placement
+
+    # the objective -----------------------------------------------------------
+    def objective(self, est, loss, engine, penalized, alpha, l1_ratio, l1=0.0):
+        """The full-batch objective of these rows (see ``_base._full_batch_objective``)."""
+        return DaskFullBatchObjective(self, est, loss, engine, penalized, alpha, l1_ratio, l1=l1)
+
+    def register(self, payload: bytes):
+        """Send what a worker builds an engine from, once per worker; return its stage."""
+        stage = len(self.payloads)
+        self.payloads[stage] = [payload, self._scatter(payload)]
+        return stage
+
+    def _scatter(self, payload):
+        return self.client.scatter(
+            payload, workers=sorted(self.placement), broadcast=True, hash=False
+        )
+
+    def sums(self, stage, weights):
+        """``(loss * weight, [gradient * weight])`` of every chunk of rows with a non-zero
+        weight, made on the workers at ``weights``, in the order of the partitions."""
+        started = time.perf_counter()
+        results = self._round(stage, weights)
+        items = sorted(itertools.chain.from_iterable(results), key=lambda item: item[0])
+        self.rounds += 1
+        logger.debug(
+            "dask round %d: %d tasks, %d chunks, %.4f s",
+            self.rounds,
+            len(results),
+            len(items),
+            time.perf_counter() - started,
+        )
+        return [(loss, grads) for _, loss, grads in items]
+
+    def _round(self, stage, weights):
+        """One task per worker holding partitions, pinned to it; their results."""
+        client = self.client
+        weights = [np.ascontiguousarray(w) for w in weights]
+        for attempt in itertools.count():
+            payload = self.payloads[stage][1]
+            data = weights
+            if sum(w.nbytes for w in weights) > INLINE_BYTES:
+                data = client.scatter(
+                    [weights], workers=sorted(self.placement), broadcast=True, hash=False
+                )[0]
+            futures = {
+                address: client.submit(
+                    _evaluate,
+                    payload,
+                    self.fit_id,
+                    stage,
+                    data,
+                    *[self.parts[k] for k in ks],
+                    workers=[address],
+                    allow_other_workers=False,
+                    pure=False,
+                )
+                for address, ks in sorted(self.placement.items())
+            }
+            try:
+                results = self._gather(futures)
+            except _WorkersLost as lost:
+                client.cancel(list(futures.values()))
+                if attempt >= MAX_RECOVERIES:
+                    parts = self._lost_parts(lost.addresses)
+                    raise self._lost_error(lost.addresses, parts) from None
+                self._recover(lost.addresses)
+                continue
+            except BaseException:  # an error on a worker, Ctrl-C: no task left behind
+                client.cancel(list(futures.values()))
+                raise
+            self.tasks.update(futures.keys())
+            return results
+
+    def _gather(self, futures):
+        from distributed import wait
+
+        pending = list(futures.values())
+        while True:
+            try:
+                wait(pending, timeout=POLL_S)
+                return self.client.gather(pending)
+            except (TimeoutError, asyncio.TimeoutError):  # slow, or a worker is gone: a task
+                # pinned to a worker that left never runs
+                gone = set(futures) - set(self.client.nthreads())
+                if gone:
+                    raise _WorkersLost(gone) from None
+            except Exception:  # cancelled for lost dependencies, KilledWorker, an error
+                gone = set(futures) - set(self.client.nthreads())
+                if gone:
+                    raise _WorkersLost(gone) from None
+                raise
+
+    def _lost_parts(self, addresses):
+        return sorted(self.index[k] for a in addresses for k in self.placement.get(a, ()))
+
+    def _recover(self, gone):
+        """Wait for dask to compute the partitions of the workers that left again."""
+        lost = self._lost_parts(gone)
+        logger.warning(
+            "dask worker(s) %s left the cluster during the fit, holding partitions %s of "
+            "the training rows: waiting up to %.0f s for dask to compute them again, then "
+            "the evaluation is repeated.",
+            ", ".join(sorted(gone)),
+            lost,
+            RECOVERY_S,
+        )
+        deadline = time.monotonic() + RECOVERY_S
+        while True:
+            # cancelled: what they were made from is lost too (data sent from here)
+            failed = [k for k, f in enumerate(self.parts) if f.status in ("error", "cancelled")]
+            if failed:
+                raise self._lost_error(gone, [self.index[k] for k in failed])
+            alive = set(self.client.nthreads())
+            try:
+                holders = self.client.who_has(self.parts)
+            except Exception:  # a partition cancelled meanwhile: seen at the next check
+                holders = {}
+            missing = [
+                k for k, f in enumerate(self.parts) if not set(holders.get(f.key, ())) & alive
+            ]
+            if missing and time.monotonic() > deadline:
+                raise self._lost_error(gone, [self.index[k] for k in missing])
+            if not missing and alive:
+                break
+            time.sleep(0.2)
+        self._place(holders, alive)
+        for entry in self.payloads.values():  # the engines' bytes, where they are needed
+            entry[1] = self._scatter(entry[0])
+        logger.info("partitions %s are back: the evaluation is repeated.", lost)
+
+    def _lost_error(self, gone, parts):
+        return DaskWorkerLostError(
+            f"Partitions {parts} of the training rows were on the dask worker(s) "
+            f"{', '.join(sorted(gone))}, which left the cluster during the fit, and dask "
+            f"could not compute them again within {RECOVERY_S:.0f} s (data scattered "
+            "or loaded from this process cannot be computed again; rows made by a dask "
+            "graph, such as dd.read_parquet or da.random, can): the fit stops, the "
+            "estimator keeping the weights of the last evaluation. Fit again once the "
+            "cluster is whole."
+        )
+
+    def target_std(self, ddof=0):
+        """``np.std(y2d, axis=0)`` of the encoded targets, from each partition's moments."""
+        client = self.client
+        found = client.gather(
+            [client.submit(_moments, f, pure=False) for f in self.parts], direct=False
+        )
+        n, mean, m2 = found[0]
+        for n_b, mean_b, m2_b in found[1:]:  # Chan et al.'s pairwise update
+            total = n + n_b
+            delta = mean_b - mean
+            mean = mean + delta * (n_b / total)
+            m2 = m2 + m2_b + delta**2 * (n * n_b / total)
+            n = total
+        return np.sqrt(m2 / max(n - ddof, 0))
+
+    def close(self):
+        """Drop the engines on the workers and release the partitions."""
+        client = self.client
+        with contextlib.suppress(Exception):
+            client.run(_forget, self.fit_id, on_error="ignore")
+        futures = self.parts + [entry[1] for entry in self.payloads.values()]
+        with contextlib.suppress(Exception):
+            client.cancel(futures)
+        self.parts, self.payloads = [], {}
+        if self.rounds:
+            logger.info(
+                "L-BFGS on the dask cluster: %d evaluations; tasks per worker: %s",
+                self.rounds,
+                ", ".join(f"{a}: {n}" for a, n in sorted(self.tasks.items())),
+            )
+
+
+class _WorkersLost(Exception):
+    def __init__(self, addresses):
+        super().__init__(sorted(addresses))
+        self.addresses = set(addresses)
+
+
+class _RowsView:
+    """The shape and dtype of the encoded targets (or the weights) of :class:`DaskRows`,
+    as the shared fit reads them; ``np.std(view, axis=0)`` is computed on the workers."""
+
+    def __init__(self, rows, shape, dtype):
+        self.rows, self.shape, self.dtype = rows, tuple(shape), np.dtype(dtype)
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    def std(self, axis=None, dtype=None, out=None, ddof=0, **kwargs):
+        if axis != 0 or out is not None or kwargs or self.ndim != 2:
+            raise NotImplementedError("only np.std(y2d, axis=0) of rows on a dask cluster")
+        return self.rows.target_std(ddof)
+
+
+class DaskFullBatchObjective(_FullBatchObjective):
+    """``_FullBatchObjective`` of rows on a dask cluster: the same penalty and L1
+    bookkeeping (its methods), the sums of the chunks made on the workers."""
+
+    def __init__(self, rows, est, loss, engine, penalized, alpha, l1_ratio, l1=0.0):
+        self.rows = rows
+        self.stage = rows.register(_engine_payload(est, loss, engine, (alpha, l1_ratio)))
+        super().__init__(engine, rows, None, None, penalized, alpha, l1_ratio, l1=l1)
+
+    def _set_rows(self, X, y2d, sample_weight):
+        self.chunks = None  # on the workers
+        self.total_weight = self.rows.total_weight
+
+    def _evaluate(self, weights):
+        # the client's engine follows the evaluations, as for rows in memory: a fit
+        # stopped by an error keeps the last evaluated weights
+        self.engine.set_weights(weights)
+        return self._combine(weights, self.rows.sums(self.stage, weights))
+
+
+def _engine_payload(est, loss, engine, penalty) -> bytes:
+    """What a worker builds the engine from: the estimator's engine recipe (its
+    ``_new_engine`` reads the converted model, the trained outputs, the classes, the
+    device, the backend), the loss and the penalty, as bytes."""
+    import copy
+
+    import cloudpickle
+
+    shell = object.__new__(type(est))
+    state = dict(est.get_params(deep=False))
+    for name in ("n_outputs_", "classes_", "_multilabel", "_converted"):
+        if name in est.__dict__:
+            state[name] = est.__dict__[name]
+    state["backend"] = engine.backend  # the one the client resolved
+    if engine.large:  # its weights are only in the engine (_release_trained_values)
+        conv = copy.copy(est._converted)
+        indices = est._trained_indices()
+        values = conv.initializer_values(skip=set(indices))
+        for k, w in zip(indices, engine.get_weights()):
+            values[k] = w
+        conv.model = conv.with_values(values)
+        state["_converted"] = conv
+    shell.__dict__.update(state)
+    return cloudpickle.dumps((shell, loss, tuple(penalty)))
+
+
+# on the workers ----------------------------------------------------------------
+#: Training engines of this worker process, by (fit, stage); dropped at the fit's end.
+_ENGINES: OrderedDict = OrderedDict()
+_ENGINES_LOCK = threading.Lock()
+#: At most this many engines are kept (fits that ended without dropping theirs).
+_MAX_ENGINES = 16
+#: Evaluation tasks run by this process, by fit (what the tests read).
+_SERVED: Counter = Counter()
+#: Blocks predicted by this process, by ``id`` of the estimator (what the tests read).
+_PREDICTORS: Counter = Counter()
+
+
+class _Part:
+    """A partition of the training rows on its worker: X, the targets as the loss takes
+    them and the sample weights, in the training dtype; ``index``: its number in X."""
+
+    def __init__(self, index, X, y, sw):
+        self.index, self.X, self.y, self.sw = index, X, y, sw
+
+    def sums(self, engine):
+        """As ``_FullBatchObjective._chunk_sums``: over chunks of the same size."""
+        rows = max(1, _CHUNK_VALUES // max(self.X.shape[1], 1))
+        for chunk in _slices(self.X.shape[0], rows):
+            sw = self.sw[chunk]
+            weight = float(np.sum(sw, dtype=np.float64))
+            if weight == 0:
+                continue
+            loss, grads = engine.loss_and_gradients(self.X[chunk], self.y[chunk], sw)
+            yield loss * weight, [g * weight for g in grads]
+
+
+def _prepare(index, x, y, w, spec):
+    """A partition checked as ``fit`` checks data in memory, in the training dtype, y
+    encoded (one-hot over the classes), the class weights applied."""
+    from sklearn.utils.validation import _check_sample_weight, _check_y, _num_samples, check_array
+
+    dtype, name = spec["dtype"], spec["name"]
+    n = _num_samples(x)
+    if n == 0:
+        empty = np.empty((0, spec["width"]), dtype=dtype)
+        return _Part(index, np.empty((0, spec["n_features"]), dtype), empty, np.empty(0, dtype))
+    X = _as_rows(check_array(x, dtype=dtype, estimator=name, input_name="X"), dtype)
+    if X.shape[1] != spec["n_features"]:
+        raise ValueError(
+            f"X has {X.shape[1]} features in partition {index}, but {name} is expecting "
+            f"{spec['n_features']} features as input."
+        )
+    if _num_samples(y) != n:
+        raise ValueError(
+            f"Found input variables with inconsistent numbers of samples: [{n}, "
+            f"{_num_samples(y)}] (partition {index} of X and its block of y: give y the "
+            "partitions of X, for example both from one DataFrame)."
+        )
+    y = np.asarray(_check_y(y, multi_output=True, y_numeric=not spec["classifier"], estimator=name))
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y.ravel()
+    if spec["classifier"]:
+        y2d = np.eye(len(spec["classes"]), dtype=np.float32)[np.searchsorted(spec["classes"], y)]
+    else:
+        y2d = np.ascontiguousarray(y.reshape(n, -1), dtype=np.float64)
+    y2d = np.ascontiguousarray(y2d, dtype=dtype)
+    sw = _check_sample_weight(w, X, dtype=dtype)
+    if spec["class_weight"] is not None:  # as compute_sample_weight on all the labels
+        present, weights = spec["class_weight"]
+        labels = spec["classes"][y2d.argmax(axis=1)]
+        sw = np.ascontiguousarray(sw * weights[np.searchsorted(present, labels)], dtype=sw.dtype)
+    return _Part(index, X, y2d, sw)
+
+
+def _describe(part):
+    """Rows, weight sum (float64) and whether any weight is not zero, of a partition."""
+    return part.X.shape[0], float(np.sum(part.sw, dtype=np.float64)), bool(np.any(part.sw))
+
+
+def _moments(part):
+    """Rows, mean and sum of squared deviations of each column of a partition's targets."""
+    y = part.y.astype(np.float64)
+    mean = y.mean(axis=0)
+    return y.shape[0], mean, ((y - mean) ** 2).sum(axis=0)
+
+
+def _labels(y, name):
+    """The labels of a block of y and their counts (y checked as fit checks it)."""
+    from sklearn.utils.validation import _check_y, _num_samples
+
+    if _num_samples(y) == 0:
+        return None
+    y = np.asarray(_check_y(y, multi_output=True, estimator=name))
+    return np.unique(y.ravel() if y.ndim == 2 else y, return_counts=True)
+
+
+def _merge_labels(found):
+    found = [f for f in found if f is not None]
+    if not found:
+        return np.empty(0), np.empty(0, dtype=np.int64)
+    labels, inverse = np.unique(np.concatenate([u for u, _ in found]), return_inverse=True)
+    counts = np.bincount(inverse, weights=np.concatenate([c for _, c in found]))
+    return labels, counts.astype(np.int64)
+
+
+def _class_weights(class_weight, labels, counts):
+    """``compute_class_weight(class_weight, classes=labels, y=all the labels)`` from the
+    counts of the labels, as ``compute_sample_weight`` computes them."""
+    from sklearn.utils.class_weight import compute_class_weight
+
+    if isinstance(class_weight, str) and class_weight == "balanced":
+        counts = counts.astype(np.float64)
+        return np.sum(counts) / (len(labels) * counts)
+    return compute_class_weight(class_weight, classes=labels, y=labels)
+
+
+def _worker_threads() -> int:
+    from distributed import get_worker
+
+    worker = get_worker()
+    state = getattr(worker, "state", None)
+    return int(getattr(state, "nthreads", None) or worker.nthreads)
+
+
+def _engine(payload, fit_id, stage):
+    """The engine of this fit and stage in this worker process, built on first use."""
+    import pickle
+
+    from .optim import SGD
+
+    key = (fit_id, stage)
+    with _ENGINES_LOCK:
+        engine = _ENGINES.get(key)
+    if engine is None:
+        shell, loss, penalty = pickle.loads(payload)
+        shell._intra_op_threads = _worker_threads()  # the worker's threads
+        engine = shell._new_engine(loss, SGD(), penalty)
+        with _ENGINES_LOCK:
+            _ENGINES[key] = engine
+            while len(_ENGINES) > _MAX_ENGINES:
+                _ENGINES.popitem(last=False)
+    return engine
+
+
+def _evaluate(payload, fit_id, stage, weights, *parts):
+    """The sums of the chunks of ``parts`` at ``weights``: ``((partition, chunk), loss *
+    weight, [gradient * weight in float64])`` each."""
+    engine = _engine(payload, fit_id, stage)
+    engine.set_weights(weights)
+    out = []
+    for part in parts:
+        for c, (loss, grads) in enumerate(part.sums(engine)):
+            out.append(((part.index, c), float(loss), [np.asarray(g, np.float64) for g in grads]))
+    _SERVED[fit_id] += 1
+    return out
+
+
+def _forget(fit_id):
+    """Drop this fit's engines from this worker process."""
+    with _ENGINES_LOCK:
+        for key in [k for k in _ENGINES if k[0] == fit_id]:
+            del _ENGINES[key]
+
+
+def _served():
+    """Evaluation tasks this process ran, in all (read with ``client.run``)."""
+    return sum(_SERVED.values())
+
+
+def _predictors(clear=False):
+    """``{id of an estimator: blocks it predicted}`` in this process (``client.run``)."""
+    found = dict(_PREDICTORS)
+    if clear:
+        _PREDICTORS.clear()
+    return found
+
+
+# blocks: splitting y and the weights as X --------------------------------------
+def _lazy(value) -> bool:
+    from dask.base import is_dask_collection
+
+    return is_dask_collection(value)
+
+
+def _row_blocks(v):
+    """The blocks of rows of a dask collection, as Delayed objects, in order (those of
+    a 2-D array in one block of columns)."""
+    if _kind(v) == "array":
+        if v.ndim == 2 and v.numblocks[1] > 1:
+            v = v.rechunk({1: -1})
+        return list(v.to_delayed().reshape(-1))
+    return list(v.to_delayed())
+
+
+def _known_lengths(v):
+    """The rows of each block of a dask array, when dask knows them (None otherwise)."""
+    if _kind(v) == "array" and not any(np.isnan(c) for c in v.chunks[0]):
+        return tuple(int(c) for c in v.chunks[0])
+    return None
+
+
+def _split_like(v, n_blocks, lengths, force=False):
+    """``v`` in blocks of the rows of X's ``n_blocks`` blocks: Delayed objects for a dask
+    collection, arrays for data in memory, ``v`` itself for None or a number. None when
+    the lengths of X's blocks are needed and not given (unless ``force``)."""
+    if v is None or (not _lazy(v) and np.ndim(v) == 0):
+        return [v] * n_blocks
+    if _lazy(v):
+        known = _known_lengths(v)
+        if _n_blocks(v) == n_blocks and known == lengths:
+            # the same blocks, or both of unknown lengths (one DataFrame's columns):
+            # paired block by block (their lengths checked there)
+            return _row_blocks(v)
+        if lengths is None and not force:
+            return None
+        array = v if _kind(v) == "array" else v.to_dask_array(lengths=True)
+        if _known_lengths(array) is None:
+            array = array.compute_chunk_sizes()
+        _check_rows(array.shape[0], sum(lengths))
+        return _row_blocks(array.rechunk({0: tuple(lengths)}))
+    if lengths is None and not force:
+        return None
+    array = v.to_numpy() if hasattr(v, "to_numpy") else np.asarray(v)
+    _check_rows(len(array), sum(lengths))
+    bounds = np.cumsum([0, *lengths])
+    return [array[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _n_blocks(v) -> int:
+    return v.numblocks[0] if _kind(v) == "array" else v.npartitions
+
+
+def _check_rows(found, expected):
+    if found != expected:
+        raise ValueError(
+            f"Found input variables with inconsistent numbers of samples: [{expected}, {found}]"
+        )
+
+
+# predict, score ---------------------------------------------------------------
+def run_method(est, name, X, *args, **kwargs):
+    """``est.<name>(X, ...)`` on dask collections (``_base.dask_aware``)."""
+    from dask.base import is_dask_collection
+    from sklearn.utils.validation import check_is_fitted
+
+    if not is_dask_collection(X):  # only y or the weights are: computed, then as usual
+        args, kwargs = _compute(_get_client(), args, kwargs)
+        return getattr(est, name)(X, *args, **kwargs)
+    check_is_fitted(est)
+    est._check_weights_stored(name)
+    if name == "score":
+        return _score(est, X, *args, **kwargs)
+    if args or kwargs:
+        raise TypeError(f"{name} takes X only, got {len(args) + len(kwargs)} more arguments.")
+    import dask
+
+    dtype, width = _output(est, name)
+    # one key for the estimator: a worker unpickles it (its sessions made) once
+    shared = dask.delayed(est, pure=False)
+    if _kind(X) == "array":
+        if X.ndim != 2:
+            raise ValueError(f"Expected a 2D dask array, got a {X.ndim}D one.")
+        if X.numblocks[1] > 1:
+            X = X.rechunk({1: -1})
+        if width is None:
+            return X.map_blocks(
+                _apply, shared, name, drop_axis=1, dtype=dtype, meta=np.empty((0,), dtype)
+            )
+        return X.map_blocks(
+            _apply,
+            shared,
+            name,
+            chunks=(X.chunks[0], (width,)),
+            dtype=dtype,
+            meta=np.empty((0, width), dtype),
+        )
+    meta = np.empty((0,) if width is None else (0, width), dtype)
+    return X.map_partitions(_apply, shared, name, meta=meta)  # a dask array
+
+
+def _output(est, name):
+    """The dtype of ``est.<name>``'s output and its columns (None: one dimension)."""
+    from sklearn.base import is_classifier
+
+    if name in ("predict_proba", "predict_log_proba"):
+        return np.dtype(np.float64), len(est.classes_)
+    if name == "predict" and is_classifier(est):
+        if est._multilabel:
+            return np.dtype(np.int64), len(est.classes_)
+        return est.classes_.dtype, None
+    return np.dtype(np.float64), (None if est.n_outputs_ == 1 else est.n_outputs_)
+
+
+def _apply(block, est, name):
+    _PREDICTORS[id(est)] += 1
+    return getattr(est, name)(block)
+
+
+def _score(est, X, y, sample_weight=None):
+    """``score`` from per-partition sums: accuracy, or R2 (scikit-learn's definitions)."""
+    import dask
+    from sklearn.base import is_classifier
+
+    shared = dask.delayed(est, pure=False)
+    xs = _row_blocks(X)
+    lengths = _known_lengths(X)
+    if any(_split_like(v, len(xs), lengths) is None for v in (y, sample_weight)):
+        lengths = tuple(dask.compute(*[dask.delayed(len)(x) for x in xs]))
+    ys, ws = (_split_like(v, len(xs), lengths, force=True) for v in (y, sample_weight))
+    classifier = is_classifier(est)
+    parts = [
+        dask.delayed(_score_part)(shared, x, yb, wb, classifier) for x, yb, wb in zip(xs, ys, ws)
+    ]
+    found = [p for p in dask.compute(*parts) if p is not None]
+    if classifier:
+        return float(sum(p[0] for p in found) / sum(p[1] for p in found))
+    weight, mean, m2 = found[0][:3]
+    residual = found[0][3]
+    for w_b, mean_b, m2_b, res_b in found[1:]:  # Chan et al.'s pairwise update, weighted
+        total = weight + w_b
+        delta = mean_b - mean
+        mean = mean + delta * (w_b / total)
+        m2 = m2 + m2_b + delta**2 * (weight * w_b / total)
+        weight = total
+        residual = residual + res_b
+    scores = np.ones_like(m2)
+    valid = m2 != 0
+    scores[valid] = 1 - residual[valid] / m2[valid]
+    scores[~valid & (residual != 0)] = 0.0  # as r2_score(force_finite=True)
+    return float(np.mean(scores))
+
+
+def _score_part(est, X, y, w, classifier):
+    from sklearn.utils.validation import _num_samples
+
+    n = _num_samples(X)
+    if n == 0:
+        return None
+    _PREDICTORS[id(est)] += 1
+    pred = est.predict(X)
+    y = np.asarray(y)
+    w = np.ones(n) if w is None else np.broadcast_to(np.asarray(w, dtype=np.float64), (n,))
+    if classifier:
+        if y.ndim == 2 and y.shape[1] == 1:
+            y = y.ravel()
+        correct = pred == y if pred.ndim == 1 else np.all(pred == y, axis=1)
+        return float(np.sum(w * correct)), float(np.sum(w))
+    weight = float(np.sum(w))
+    if weight == 0:
+        return None
+    y = y.reshape(n, -1).astype(np.float64)
+    pred = np.asarray(pred, dtype=np.float64).reshape(n, -1)
+    mean = (w[:, None] * y).sum(axis=0) / weight
+    m2 = (w[:, None] * (y - mean) ** 2).sum(axis=0)
+    return weight, mean, m2, (w[:, None] * (y - pred) ** 2).sum(axis=0)

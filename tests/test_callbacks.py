@@ -1,0 +1,437 @@
+"""scikit-learn's callbacks (sklearn.callback, scikit-learn >= 1.9) and the validation data
+given to fit (X_val, y_val, sample_weight_val)."""
+
+import copy
+import pickle
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import sklearn
+from _helpers import BACKENDS
+from sklearn.compose import ColumnTransformer
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import LogisticRegression
+from sklearn.model_selection import GridSearchCV
+from sklearn.neural_network import MLPClassifier, MLPRegressor
+from sklearn.pipeline import Pipeline, make_pipeline
+from sklearn.preprocessing import OneHotEncoder, StandardScaler
+
+from onnxgrad_sklearn import OrtGradientClassifier, OrtGradientRegressor
+
+callback = pytest.importorskip("sklearn.callback", reason="scikit-learn < 1.9: no callback API")
+ScoringMonitor = callback.ScoringMonitor
+
+pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+
+
+def _regression(n=120, seed=0):
+    rng = np.random.RandomState(seed)
+    X = rng.randn(n, 4)
+    y = np.sin(X[:, 0]) + 0.5 * X[:, 1] - X[:, 2] + 0.1 * rng.randn(n)
+    return X, y
+
+
+def _classification(n=150, seed=0):
+    X, _ = _regression(n, seed)
+    y = np.array(["a", "b", "c"])[(X[:, 0] + 0.5 * X[:, 1] > 0).astype(int) + (X[:, 3] > 0.5)]
+    return X, y
+
+
+def _mlp(backend, **params):
+    settings = dict(
+        learning_rate_init=0.01,
+        batch_size=32,
+        max_iter=6,
+        n_iter_no_change=np.inf,
+        random_state=0,
+        backend=backend,
+    )
+    return OrtGradientRegressor(MLPRegressor(hidden_layer_sizes=(8,)), **{**settings, **params})
+
+
+def _logistic(backend, **params):
+    return OrtGradientClassifier(
+        LogisticRegression(), **{"max_iter": 12, "tol": 0.0, "backend": backend, **params}
+    )
+
+
+def _rows(monitor, task_name=None):
+    rows = monitor.get_logs().data
+    return [r for r in rows if task_name is None or r["task_name"] == task_name]
+
+
+class StopAt:
+    """Returns True at the end of epoch (or L-BFGS iteration) ``number`` (1-based)."""
+
+    def __init__(self, number):
+        self.number = number
+
+    def setup(self, estimator, context):
+        pass
+
+    def on_fit_task_begin(self, estimator, context):
+        pass
+
+    def on_fit_task_end(self, estimator, context):
+        return context.parent is not None and context.task_id == self.number - 1
+
+    def teardown(self, estimator, context):
+        pass
+
+
+class Keep:
+    """Keeps the ``fitted_estimator`` of every task's end, as a checkpoint would."""
+
+    def __init__(self, validation=False):
+        self.fitted = []
+        self.uses_validation_data = validation
+        self.scores = []
+
+    def setup(self, estimator, context):
+        pass
+
+    def on_fit_task_begin(self, estimator, context):
+        pass
+
+    def on_fit_task_end(self, estimator, context, *, fitted_estimator=None):
+        if context.parent is not None:
+            self.fitted.append(fitted_estimator)
+            if self.uses_validation_data:  # what the fit has recorded by this epoch's end
+                self.scores.append(list(estimator.validation_scores_))
+
+    def teardown(self, estimator, context):
+        pass
+
+
+# -- ScoringMonitor, per epoch and per L-BFGS iteration --------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_scoring_monitor_scores_each_epoch_as_if_the_fit_stopped_there(backend):
+    X, y = _regression()
+    monitor = ScoringMonitor(scoring="r2")
+    reg = _mlp(backend).set_callbacks(monitor).fit(X, y)
+    rows = monitor.get_logs().data
+    assert [r["task_name"] for r in rows] == ["fit"] + ["epoch"] * 6
+    assert [r["task_id_path"] for r in rows[1:]] == [(0, k) for k in range(6)]
+    assert {r["estimator_name"] for r in rows} == {"OrtGradientRegressor"}
+    # the last epoch and the root task: the fitted estimator's score on the training data
+    assert rows[-1]["r2"] == rows[0]["r2"] == reg.score(X, y)
+    # epoch 3 scores what a fit of 3 epochs gives
+    three = _mlp(backend, max_iter=3).fit(X, y)
+    assert rows[3]["r2"] == three.score(X, y)
+    assert len({r["r2"] for r in rows[1:]}) == 6  # the weights move each epoch
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_scoring_monitor_scores_each_lbfgs_iteration_as_logistic_regression(backend):
+    X, y = _classification()
+    monitor = ScoringMonitor(scoring="accuracy")
+    clf = _logistic(backend).set_callbacks(monitor).fit(X, y)
+    rows = monitor.get_logs().data
+    assert clf.n_iter_ == 12
+    assert [r["task_name"] for r in rows] == ["fit"] + ["lbfgs-iter"] * 12
+    assert rows[-1]["accuracy"] == rows[0]["accuracy"] == clf.score(X, y)
+    assert rows[5]["accuracy"] == _logistic(backend, max_iter=5).fit(X, y).score(X, y)
+    # scikit-learn's LogisticRegression reports the same tasks: a root and one per iteration
+    reference = ScoringMonitor(scoring="accuracy")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        LogisticRegression(max_iter=12, tol=0.0).set_callbacks(reference).fit(X, y)
+    expected = reference.get_logs().data
+    assert [r["task_name"] for r in expected] == [r["task_name"] for r in rows]
+    assert [r["task_id_path"] for r in expected] == [r["task_id_path"] for r in rows]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fitted_estimator_of_an_epoch_is_a_snapshot_that_pickles(backend):
+    X, y = _regression()
+    keep = Keep()
+    reg = _mlp(backend, max_iter=4).set_callbacks(keep).fit(X, y)
+    assert len(keep.fitted) == 4
+    two = _mlp(backend, max_iter=2).fit(X, y)
+    # kept by the callback, the copy of epoch 2 still predicts with epoch 2's weights
+    np.testing.assert_array_equal(keep.fitted[1].predict(X), two.predict(X))
+    np.testing.assert_array_equal(keep.fitted[-1].predict(X), reg.predict(X))
+    assert keep.fitted[1].n_iter_ == 2 and keep.fitted[1].loss_curve_ == two.loss_curve_
+    loaded = pickle.loads(pickle.dumps(keep.fitted[1]))
+    np.testing.assert_array_equal(loaded.predict(X), two.predict(X))
+    assert not hasattr(loaded, "_callback_fit_ctx")  # the fit's callback context stays behind
+    assert loaded._optimizer_state  # Adam's moments of epoch 2: partial_fit goes on from them
+    loaded.partial_fit(X, y)
+    assert loaded.n_iter_ == 1 and loaded.t_ == 3 * len(X)
+
+
+def test_copy_of_a_fitted_estimator_is_independent():
+    X, y = _regression()
+    reg = _mlp("standard", optimizer="adam").fit(X, y)
+    before, coefs = reg.predict(X), [c.copy() for c in reg.estimator_.coefs_]
+    clone = copy.copy(reg)
+    np.testing.assert_array_equal(clone.predict(X), before)
+    clone.partial_fit(X, y)
+    assert not np.array_equal(clone.predict(X), before)
+    np.testing.assert_array_equal(reg.predict(X), before)
+    for got, expected in zip(reg.estimator_.coefs_, coefs):  # its weights stay its own
+        np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(reg)).predict(X), before)
+    assert len(reg.loss_curve_) == 6 and len(clone.loss_curve_) == 7
+
+
+# -- a callback stops the fit --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_callback_stops_the_fit_after_its_epoch(backend):
+    X, y = _regression()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)  # a stop is not a failure
+        stopped = _mlp(backend, max_iter=50).set_callbacks(StopAt(4)).fit(X, y)
+    assert stopped.n_iter_ == 4 and len(stopped.loss_curve_) == 4
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        four = _mlp(backend, max_iter=4).fit(X, y)
+    for got, expected in zip(stopped.estimator_.coefs_, four.estimator_.coefs_):
+        np.testing.assert_array_equal(got, expected)
+    assert stopped.loss_curve_ == four.loss_curve_
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_callback_stop_with_early_stopping_keeps_the_best_epoch(backend):
+    X, y = _regression()
+    settings = dict(early_stopping=True, learning_rate_init=0.05)
+    stopped = _mlp(backend, max_iter=50, **settings).set_callbacks(StopAt(5)).fit(X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        five = _mlp(backend, max_iter=5, **settings).fit(X, y)
+    assert stopped.n_iter_ == 5 and stopped.validation_scores_ == five.validation_scores_
+    assert stopped.best_validation_score_ == max(stopped.validation_scores_)
+    np.testing.assert_array_equal(stopped.predict(X), five.predict(X))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_scoring_monitor_root_row_scores_the_epoch_early_stopping_kept(backend):
+    X, y = _regression()
+    monitor = ScoringMonitor(scoring="r2")
+    reg = _mlp(backend, max_iter=60, early_stopping=True, n_iter_no_change=3, tol=0.0)
+    reg.set_callbacks(monitor).fit(X, y)
+    rows = monitor.get_logs().data
+    kept = int(np.argmax(reg.validation_scores_))
+    assert reg.n_iter_ < 60 and kept < reg.n_iter_ - 1  # it stopped, and not on its best
+    assert rows[0]["r2"] == rows[1 + kept]["r2"] == reg.score(X, y)
+    assert rows[0]["r2"] != rows[-1]["r2"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_callback_stops_lbfgs_after_its_iteration(backend):
+    X, y = _classification()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        stopped = _logistic(backend, max_iter=50).set_callbacks(StopAt(4)).fit(X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        four = _logistic(backend, max_iter=4).fit(X, y)
+    assert stopped.n_iter_ == 4 and len(stopped.loss_curve_) == 4
+    np.testing.assert_array_equal(stopped.estimator_.coef_, four.estimator_.coef_)
+    np.testing.assert_array_equal(stopped.estimator_.intercept_, four.estimator_.intercept_)
+    assert stopped.loss_ == four.loss_
+
+
+# -- ProgressBar, Pipeline, GridSearchCV ---------------------------------------------------
+
+
+def test_progress_bar_alone_and_in_a_pipeline(capsys):
+    pytest.importorskip("rich", reason="ProgressBar needs rich")
+    X, y = _regression()
+    reg = _mlp("standard", max_iter=3).set_callbacks(callback.ProgressBar()).fit(X, y)
+    assert reg.n_iter_ == 3
+    assert "OrtGradientRegressor - fit" in capsys.readouterr().out
+    pipe = make_pipeline(StandardScaler(), _mlp("standard", max_iter=3))
+    pipe.set_callbacks(callback.ProgressBar()).fit(X, y)  # propagated to the final step
+    out = capsys.readouterr().out
+    assert "Pipeline - fit" in out and "OrtGradientRegressor - fit" in out
+
+
+def test_scoring_monitor_in_a_pipeline_scores_the_transformed_data():
+    X, y = _regression()
+    X = X * [1, 100, 0.01, 1]
+    monitor = ScoringMonitor(scoring="r2")
+    pipe = make_pipeline(StandardScaler(), _mlp("standard").set_callbacks(monitor)).fit(X, y)
+    rows = _rows(monitor)
+    assert [r["task_name"] for r in rows] == ["fit"] + ["epoch"] * 6
+    assert rows[-1]["r2"] == pipe.score(X, y) == pipe[-1].score(pipe[0].transform(X), y)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_callbacks_through_grid_search_with_two_processes(backend, capsys):
+    pytest.importorskip("rich", reason="ProgressBar needs rich")
+    X, y = _regression()
+    monitor = ScoringMonitor(scoring="r2")
+    est = _mlp(backend, max_iter=4).set_callbacks(monitor)
+    search = GridSearchCV(est, {"learning_rate_init": [0.01, 0.03]}, cv=2, n_jobs=2)
+    search.set_callbacks(callback.ProgressBar()).fit(X, y)
+    rows = monitor.get_logs().data  # one run: the search's, rows sent by the workers
+    assert len(rows) == 5 * (1 + 4)  # 2 candidates x 2 folds and the refit
+    epochs = [r for r in rows if r["task_name"] == "epoch"]
+    assert len(epochs) == 20 and {r["task_id"] for r in epochs} == {0, 1, 2, 3}
+    assert {r["estimator_name"] for r in rows} == {"OrtGradientRegressor"}
+    roots = {r["task_id_path"]: r["r2"] for r in rows if r["task_name"] == "fit"}
+    last = {r["parent_task_id_path"]: r["r2"] for r in epochs if r["task_id"] == 3}
+    assert roots == last  # each fit's root row is its last epoch's
+    refit = [p for p in roots if len(p) == min(len(q) for q in roots)]
+    assert [roots[p] for p in refit] == [search.best_estimator_.score(X, y)]
+    out = capsys.readouterr().out
+    assert "GridSearchCV - fit" in out and "OrtGradientRegressor - fit" in out
+
+
+def test_partial_fit_is_one_task_without_subtasks():
+    X, y = _regression()
+    monitor = ScoringMonitor(scoring="r2")
+    reg = _mlp("standard", optimizer="adam").set_callbacks(monitor, StopAt(1))
+    for _ in range(2):
+        reg.partial_fit(X, y)
+        rows = monitor.get_logs().data
+        assert [r["task_name"] for r in rows] == ["fit"]
+        assert rows[0]["r2"] == reg.score(X, y)
+    assert len(monitor.get_logs(select="all")) == 2 and reg.t_ == 2 * len(X)
+
+
+def test_without_the_callback_api_the_estimators_fit_as_before():
+    # scikit-learn < 1.9 as this package sees it: sklearn.callback without its names
+    # (scikit-learn's own modules, imported first, keep theirs)
+    code = (
+        "import numpy as np\n"
+        "import sklearn.callback as api, sklearn.compose, sklearn.model_selection\n"
+        "from sklearn.neural_network import MLPRegressor\n"
+        "names = api.CallbackSupportMixin, api.with_callbacks\n"
+        "del api.CallbackSupportMixin, api.with_callbacks\n"
+        "from onnxgrad_sklearn import OrtGradientRegressor\n"
+        "api.CallbackSupportMixin, api.with_callbacks = names\n"
+        "X = np.random.RandomState(0).randn(50, 3); y = X[:, 0]\n"
+        "reg = OrtGradientRegressor(MLPRegressor(hidden_layer_sizes=(4,)), max_iter=3,\n"
+        "                           backend='standard', random_state=0).fit(X, y)\n"
+        "print(reg.n_iter_, hasattr(reg, 'set_callbacks'))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["3", "False"]
+
+
+# -- validation data given to fit ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_given_validation_set_replaces_the_split(backend):
+    X, y = _regression()
+    X_val, y_val = _regression(40, seed=1)
+    sw_val = np.random.RandomState(2).uniform(0.5, 2, 40)
+    reg = _mlp(backend, max_iter=30, early_stopping=True, n_iter_no_change=3, tol=1e-3)
+    reg.fit(X, y, X_val=X_val, y_val=y_val, sample_weight_val=sw_val)
+    assert reg.t_ == reg.n_iter_ * len(X)  # every row of X trained
+    assert len(reg.validation_scores_) == reg.n_iter_ < 30  # it stopped on them
+    assert reg.best_validation_score_ == max(reg.validation_scores_)
+    # the kept weights score the best score on the given set
+    assert reg.score(X_val, y_val, sample_weight=sw_val) == pytest.approx(
+        reg.best_validation_score_, abs=1e-6
+    )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_given_validation_labels_are_encoded_as_y(backend):
+    X, y = _classification()
+    X_val, y_val = _classification(60, seed=1)
+    clf = OrtGradientClassifier(
+        MLPClassifier(hidden_layer_sizes=(8,)),
+        learning_rate_init=0.02,
+        max_iter=15,
+        early_stopping=True,
+        random_state=0,
+        backend=backend,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf.fit(X, y, X_val=X_val, y_val=y_val)
+    assert clf.best_validation_score_ == clf.score(X_val, y_val)
+    assert clf.validation_scores_[-1] != clf.validation_scores_[0]
+    with pytest.raises(ValueError, match=r"y_val contains labels \['z'\]"):
+        clf.fit(X, y, X_val=X_val, y_val=np.where(y_val == "a", "z", y_val))
+    assert clf.best_validation_score_ == clf.score(X_val, y_val)  # unchanged by the refusal
+
+
+def test_given_validation_frame_goes_through_the_templates_head():
+    pd = pytest.importorskip("pandas")
+    X, y = _classification(200)
+    frame = pd.DataFrame({"city": np.where(X[:, 3] > 0.5, "x", "y"), "a": X[:, 0], "b": X[:, 1]})
+    columns = ColumnTransformer(
+        [("city", OneHotEncoder(), ["city"]), ("num", StandardScaler(), ["a", "b"])]
+    )
+    template = Pipeline([("columns", columns), ("mlp", MLPClassifier(hidden_layer_sizes=(8,)))])
+    clf = OrtGradientClassifier(
+        template, learning_rate_init=0.02, max_iter=10, early_stopping=True, random_state=0
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf.fit(frame[:150], y[:150], X_val=frame[150:], y_val=y[150:])
+    assert clf.best_validation_score_ == clf.score(frame[150:], y[150:])
+    assert len(clf.validation_scores_) == clf.n_iter_
+
+
+def test_validation_data_refusals():
+    X, y = _regression()
+    reg = _mlp("standard", early_stopping=True)
+    with pytest.raises(ValueError, match="X_val is provided, but y_val was not provided"):
+        reg.fit(X, y, X_val=X)
+    with pytest.raises(ValueError, match="y_val is provided, but X_val was not provided"):
+        reg.fit(X, y, y_val=y)
+    with pytest.raises(ValueError, match="sample_weight_val is provided, but X_val and y_val"):
+        reg.fit(X, y, sample_weight_val=np.ones(len(X)))
+    with pytest.raises(ValueError, match="early_stopping is False"):
+        _mlp("standard").fit(X, y, X_val=X, y_val=y)
+    with pytest.raises(ValueError, match="L-BFGS"):
+        _mlp("standard", early_stopping=True, optimizer="lbfgs").fit(X, y, X_val=X, y_val=y)
+    with pytest.raises(ValueError, match="2 features"):
+        reg.fit(X, y, X_val=X[:, :2], y_val=y)
+    assert not hasattr(reg, "n_iter_")  # nothing was trained
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_callback_that_reads_the_validation_scores_takes_x_val(backend):
+    X, y = _regression()
+    X_val, y_val = _regression(40, seed=1)
+    keep = Keep(validation=True)
+    reg = _mlp(backend, max_iter=5).set_callbacks(keep).fit(X, y, X_val=X_val, y_val=y_val)
+    assert reg.n_iter_ == 5 and [len(s) for s in keep.scores] == [1, 2, 3, 4, 5]
+    # scored each epoch, nothing stops on them, the last epoch's weights are kept
+    assert reg.validation_scores_[-1] == pytest.approx(reg.score(X_val, y_val), abs=1e-6)
+    assert keep.scores[2][-1] == pytest.approx(keep.fitted[2].score(X_val, y_val), abs=1e-6)
+
+
+def test_validation_data_routed_through_grid_search_and_pipeline():
+    X, y = _regression()
+    X_val, y_val = _regression(40, seed=1)
+    X, X_val = X * [1, 100, 0.01, 1], X_val * [1, 100, 0.01, 1]
+    with sklearn.config_context(enable_metadata_routing=True):
+        est = _mlp("standard", max_iter=10, early_stopping=True).set_fit_request(
+            X_val=True, y_val=True
+        )
+        search = GridSearchCV(est, {"learning_rate_init": [0.01, 0.03]}, cv=2)
+        search.fit(X, y, X_val=X_val, y_val=y_val)
+        best = search.best_estimator_
+        assert best.best_validation_score_ == pytest.approx(best.score(X_val, y_val), abs=1e-6)
+        # an outer Pipeline transforms X_val by its steps in front, as X
+        pipe = Pipeline(
+            [("scale", StandardScaler()), ("reg", clone_of(est))], transform_input=["X_val"]
+        ).fit(X, y, X_val=X_val, y_val=y_val)
+        reg = pipe[-1]
+        assert reg.best_validation_score_ == pytest.approx(pipe.score(X_val, y_val), abs=1e-6)
+        assert reg.t_ == reg.n_iter_ * len(X)
+
+
+def clone_of(est):
+    from sklearn.base import clone
+
+    return clone(est)

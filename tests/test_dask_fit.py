@@ -1,0 +1,303 @@
+"""fit on a dask cluster: full-batch L-BFGS on the workers, predict by partition.
+
+One LocalCluster of 2 worker processes (1 thread each) serves the module; the tests
+that kill a worker come last.
+"""
+
+import functools
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+da = pytest.importorskip("dask.array")
+dd = pytest.importorskip("dask.dataframe")
+distributed = pytest.importorskip("distributed")
+pd = pytest.importorskip("pandas")
+
+from sklearn.linear_model import LogisticRegression, PoissonRegressor  # noqa: E402
+
+import onnxgrad_sklearn  # noqa: E402
+from onnxgrad_sklearn import OrtGradientClassifier, OrtGradientRegressor, _dask  # noqa: E402
+
+#: Seconds any test of this module may take before it fails (a hang guard).
+TEST_TIMEOUT_S = 150
+
+
+@pytest.fixture(autouse=True)
+def hang_guard():
+    """Fail a test that runs past TEST_TIMEOUT_S instead of hanging the suite."""
+
+    def expire(signum, frame):
+        raise TimeoutError(f"the test ran past {TEST_TIMEOUT_S} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(TEST_TIMEOUT_S)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture(scope="module")
+def client():
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        distributed.Client(cluster) as c,
+    ):
+        c.run(_dask._versions)  # the workers import the package and onnxruntime once
+        yield c
+
+
+def binary_data(n=6000, p=10, seed=0):
+    rng = np.random.RandomState(seed)
+    X = rng.randn(n, p).astype(np.float32)
+    y = (X @ rng.randn(p) + 0.5 * rng.randn(n) > 0).astype(np.int64)
+    return X, y
+
+
+def weights_of(est):
+    final = est.estimator_
+    return np.concatenate([np.ravel(final.coef_), np.ravel(final.intercept_)])
+
+
+def assert_close_fit(got, expected, rtol, atol):
+    np.testing.assert_allclose(weights_of(got), weights_of(expected), rtol=rtol, atol=atol)
+
+
+def served(client):
+    """Evaluation tasks each worker ran so far."""
+    return client.run(_dask._served)
+
+
+# without a client (first: the module's cluster is not started yet) ---------------
+def test_import_does_not_import_dask():
+    code = "import sys, onnxgrad_sklearn; print(sorted(m for m in sys.modules if 'dask' in m))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_no_client_computes_into_memory(caplog):
+    if _dask._get_client() is not None:
+        pytest.skip("a distributed client of another test is running")
+    X, y = binary_data(2000, 5)
+    Xd, yd = da.from_array(X, chunks=500), da.from_array(y, chunks=500)
+    with caplog.at_level(logging.INFO, logger="onnxgrad_sklearn"):
+        got = OrtGradientClassifier(LogisticRegression()).fit(Xd, yd)
+    assert "distributed.Client()" in caplog.text
+    expected = OrtGradientClassifier(LogisticRegression()).fit(X, y)
+    np.testing.assert_array_equal(weights_of(got), weights_of(expected))
+    # predict on dask collections with the local scheduler
+    proba = got.predict_proba(Xd)
+    assert isinstance(proba, da.Array)
+    np.testing.assert_array_equal(proba.compute(), expected.predict_proba(X))
+    assert got.score(Xd, yd) == pytest.approx(expected.score(X, y), abs=1e-12)
+    # a dask DataFrame and Series: as the pandas ones
+    frame = pd.DataFrame(X, columns=[f"f{i}" for i in range(X.shape[1])])
+    ddf, ds = dd.from_pandas(frame, npartitions=3), dd.from_pandas(pd.Series(y), npartitions=3)
+    got = OrtGradientClassifier(LogisticRegression()).fit(ddf, ds)
+    expected = OrtGradientClassifier(LogisticRegression()).fit(frame, y)
+    np.testing.assert_array_equal(weights_of(got), weights_of(expected))
+    assert list(got.feature_names_in_) == list(frame.columns)
+
+
+# on the cluster ------------------------------------------------------------------
+def test_lbfgs_binary_float32_matches_one_machine(client):
+    X, y = binary_data()
+    expected = OrtGradientClassifier(LogisticRegression(C=0.5)).fit(X, y)
+    before = served(client)
+    Xd, yd = da.from_array(X, chunks=1500), da.from_array(y, chunks=1500)
+    got = OrtGradientClassifier(LogisticRegression(C=0.5)).fit(Xd, yd)
+    assert_close_fit(got, expected, rtol=1e-4, atol=1e-5)
+    assert got.n_iter_ == pytest.approx(expected.n_iter_, abs=2)
+    after = served(client)
+    # one task per worker and evaluation, on both workers
+    assert all(after[a] > before.get(a, 0) for a in after), (before, after)
+
+
+def test_poisson_float64_from_a_dataframe(client):
+    rng = np.random.RandomState(1)
+    X = rng.rand(5000, 6)
+    y = rng.poisson(np.exp(X @ rng.randn(6) * 0.5)).astype(np.float64)
+    frame = pd.DataFrame(X, columns=list("abcdef"))
+    expected = OrtGradientRegressor(PoissonRegressor(alpha=0.01), dtype="float64").fit(frame, y)
+    ddf = dd.from_pandas(frame, npartitions=4)
+    ys = dd.from_pandas(pd.Series(y), npartitions=4)
+    got = OrtGradientRegressor(PoissonRegressor(alpha=0.01), dtype="float64").fit(ddf, ys)
+    assert_close_fit(got, expected, rtol=1e-8, atol=1e-8)
+    assert list(got.feature_names_in_) == list("abcdef")
+    # predict and score on the DataFrame: dask collections, the local numbers
+    pred = got.predict(ddf)
+    assert isinstance(pred, da.Array)
+    np.testing.assert_allclose(pred.compute(), expected.predict(frame), rtol=1e-7)
+    assert got.score(ddf, ys) == pytest.approx(expected.score(frame, y), rel=1e-7)
+
+
+def test_three_classes_with_weights(client):
+    rng = np.random.RandomState(2)
+    X = rng.randn(4500, 6).astype(np.float32)
+    y = np.digitize(X @ rng.randn(6) + 0.3 * rng.randn(4500), [-0.7, 0.5])  # 3 classes
+    labels = np.array(["a", "b", "c"])[y]
+    sw = rng.rand(4500)
+    template = LogisticRegression(class_weight="balanced")
+    expected = OrtGradientClassifier(template).fit(X, labels, sample_weight=sw)
+    got = OrtGradientClassifier(template).fit(
+        da.from_array(X, chunks=1000),
+        da.from_array(labels, chunks=1000),
+        sample_weight=da.from_array(sw, chunks=1000),
+    )
+    np.testing.assert_array_equal(got.classes_, ["a", "b", "c"])
+    assert_close_fit(got, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_the_data_stays_on_the_workers(client):
+    """52 MB of float32 rows made on the workers: the client process never holds them."""
+    import psutil
+
+    n, p = 650_000, 20
+    X = da.random.RandomState(0).standard_normal((n, p), chunks=(65_000, p)).astype(np.float32)
+    y = (X[:, 0] + X[:, 1] - X[:, 2] > 0).astype(np.int64)
+    process = psutil.Process()
+    start = process.memory_info().rss
+    peak = [start]
+    done = threading.Event()
+
+    def sample():
+        while not done.wait(0.01):
+            peak[0] = max(peak[0], process.memory_info().rss)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    before = served(client)
+    try:
+        est = OrtGradientClassifier(LogisticRegression(), max_iter=15).fit(X, y)
+    finally:
+        done.set()
+        sampler.join()
+    after = served(client)
+    grown = (peak[0] - start) / 2**20
+    assert grown < 26, f"the client grew by {grown:.0f} MiB for 52 MB of data"
+    assert all(after[a] > before.get(a, 0) for a in after), (before, after)
+    assert est.n_iter_ >= 1 and est.score(X[:1000].compute(), y[:1000].compute()) > 0.9
+
+
+def test_predict_on_dask_collections(client):
+    X, y = binary_data(3000, 5, seed=3)
+    est = OrtGradientClassifier(LogisticRegression()).fit(X, y)
+    Xd = da.from_array(X, chunks=500)
+    client.run(_dask._predictors, True)  # cleared
+    for name in ("predict", "predict_proba", "predict_log_proba", "decision_function"):
+        out = getattr(est, name)(Xd)
+        assert isinstance(out, da.Array), name
+        got, expected = out.compute(), getattr(est, name)(X)
+        assert got.shape == expected.shape and got.dtype == expected.dtype, name
+        np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7, err_msg=name)
+    # the estimator is one key of each graph: unpickled once per worker and call
+    seen = client.run(_dask._predictors, True)
+    assert sum(sum(c.values()) for c in seen.values()) == 4 * Xd.numblocks[0]
+    assert all(len(c) <= 4 for c in seen.values()), seen
+    assert est.score(Xd, da.from_array(y, chunks=500)) == pytest.approx(est.score(X, y), abs=1e-12)
+
+
+def test_mini_batch_optimizers_train_here(client, caplog):
+    X, y = binary_data(600, 4)
+    Xd, yd = da.from_array(X, chunks=200), da.from_array(y, chunks=200)
+    est = OrtGradientClassifier(LogisticRegression(), optimizer="adam", max_iter=3, random_state=0)
+    with caplog.at_level(logging.INFO, logger="onnxgrad_sklearn"), pytest.warns(Warning):
+        got = est.fit(Xd, yd)
+    assert "mini-batches" in caplog.text and "computed into memory" in caplog.text
+    expected = OrtGradientClassifier(
+        LogisticRegression(), optimizer="adam", max_iter=3, random_state=0
+    )
+    with pytest.warns(Warning):
+        expected.fit(X, y)
+    np.testing.assert_array_equal(weights_of(got), weights_of(expected))
+
+
+def test_workers_of_another_version_are_refused(client, monkeypatch):
+    fake = functools.partial(dict, onnxgrad_sklearn="0.0.1", onnxruntime="0.0.2")
+    monkeypatch.setattr(_dask, "_worker_versions", fake)
+    X, y = binary_data(300, 3)
+    with pytest.raises(RuntimeError) as info:
+        OrtGradientClassifier(LogisticRegression()).fit(da.from_array(X), da.from_array(y))
+    message = str(info.value)
+    here = _dask._versions()
+    assert f"onnxgrad_sklearn {onnxgrad_sklearn.__version__}" in message
+    assert f"onnxruntime {here['onnxruntime']}" in message
+    assert "onnxgrad_sklearn 0.0.1 with onnxruntime 0.0.2" in message
+
+
+def _fit_in_a_task(X, y):
+    Xd, yd = da.from_array(X, chunks=len(X) // 3), da.from_array(y, chunks=len(y) // 3)
+    est = OrtGradientClassifier(LogisticRegression()).fit(Xd, yd)
+    return weights_of(est), _dask._get_client() is not None
+
+
+def test_fit_from_inside_a_dask_task(client):
+    X, y = binary_data(1500, 4, seed=4)
+    import cloudpickle
+
+    module = sys.modules[__name__]
+    cloudpickle.register_pickle_by_value(module)  # the workers cannot import this file
+    try:
+        weights, on_cluster = client.submit(_fit_in_a_task, X, y).result(timeout=120)
+    finally:
+        cloudpickle.unregister_pickle_by_value(module)
+    assert on_cluster
+    expected = OrtGradientClassifier(LogisticRegression()).fit(X, y)
+    np.testing.assert_allclose(weights, weights_of(expected), rtol=1e-4, atol=1e-5)
+
+
+# a worker dies mid-fit (last: the cluster loses a worker, its nanny starts another) -----
+def _kill_a_worker_at(monkeypatch, client, evaluation):
+    """Make the worker holding the first partition exit before the given evaluation."""
+    original = _dask.DaskRows.sums
+    killed = []
+
+    def sums(self, stage, weights):
+        if self.rounds == evaluation and not killed:
+            address = sorted(self.placement)[0]
+            killed.append((address, time.monotonic()))
+            try:
+                client.run(os._exit, 1, workers=[address])
+            except Exception:
+                pass  # the worker exits before answering
+        return original(self, stage, weights)
+
+    monkeypatch.setattr(_dask.DaskRows, "sums", sums)
+    return killed
+
+
+def test_a_lost_worker_repeats_the_evaluation(client, monkeypatch):
+    """Rows made by a dask graph are computed again: the same weights, no hang."""
+    client.wait_for_workers(2, timeout=60)
+    X = da.random.RandomState(5).standard_normal((40_000, 8), chunks=(5000, 8)).astype("f4")
+    y = (X[:, 0] - X[:, 3] > 0.1).astype(np.int64)
+    expected = OrtGradientClassifier(LogisticRegression()).fit(X, y)
+    killed = _kill_a_worker_at(monkeypatch, client, evaluation=3)
+    got = OrtGradientClassifier(LogisticRegression()).fit(X, y)
+    assert killed
+    np.testing.assert_array_equal(weights_of(got), weights_of(expected))
+
+
+def test_lost_rows_that_cannot_be_computed_again_raise(client, monkeypatch):
+    """y sent from this process dies with its worker: an error names the partitions."""
+    client.wait_for_workers(2, timeout=60)
+    monkeypatch.setattr(_dask, "RECOVERY_S", 10.0)
+    X, y = binary_data(8000, 6, seed=6)
+    Xd = da.from_array(X, chunks=1000)
+    killed = _kill_a_worker_at(monkeypatch, client, evaluation=2)
+    with pytest.raises(_dask.DaskWorkerLostError, match=r"Partitions \[\d"):
+        OrtGradientClassifier(LogisticRegression()).fit(Xd, y)
+    assert killed and time.monotonic() - killed[0][1] < 40
+    client.wait_for_workers(2, timeout=60)
