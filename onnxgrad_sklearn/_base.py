@@ -1119,6 +1119,8 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
 
     def _record_loss(self, loss):
         """Track the training loss as MLPRegressor does."""
+        if self.best_loss_ is None:  # after an early-stopped fit (MLPRegressor fails here)
+            self.best_loss_ = np.inf
         if loss > self.best_loss_ - self.tol:
             self._no_improvement_count += 1
         else:

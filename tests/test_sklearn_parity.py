@@ -193,3 +193,16 @@ def test_batches_are_gen_batches(n, size):
     from onnxgrad_sklearn._base import _slices
 
     assert _slices(n, size) == list(gen_batches(n, size))
+
+
+def test_partial_fit_after_an_early_stopped_fit_goes_on():
+    from sklearn.datasets import load_diabetes
+
+    X, y = load_diabetes(return_X_y=True)
+    est = OrtGradientRegressor(MLPRegressor(), early_stopping=True, max_iter=5, random_state=0)
+    est.fit(X, y)
+    assert est.best_loss_ is None  # as MLPRegressor with early stopping
+    curve = list(est.loss_curve_)
+    est.set_params(early_stopping=False).partial_fit(X, y)  # MLPRegressor: TypeError
+    assert est.n_iter_ == 1 and len(est.loss_curve_) == len(curve) + 1
+    assert est.best_loss_ == est.loss_curve_[-1]
