@@ -136,3 +136,81 @@ def test_png_is_written(quick_run):
     data = png.read_bytes()
     assert data[:8] == PNG_SIGNATURE
     assert len(data) > 1000
+
+
+# ---------------------------------------------------------------------------
+# benchmarks/cold_start.py: first model, second fit, GridSearchCV in new processes
+# ---------------------------------------------------------------------------
+
+COLD_START = os.path.join(ROOT, "benchmarks", "cold_start.py")
+COLD_PARTS = ("defaults", "nesterov", "grid_1", "grid_2")
+HEAVY_MODULES = {"torch", "onnxruntime", "onnxruntime.training", "onnx", "skl2onnx", "onnx_ad"}
+
+
+@pytest.fixture(scope="module")
+def cold_start(tmp_path_factory):
+    """Run ``cold_start.py --quick`` (this interpreter only); return its JSON and process."""
+    out = tmp_path_factory.mktemp("cold_start")
+    proc = subprocess.run(
+        [sys.executable, COLD_START, "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(out / "cold_start.json") as f:
+        return json.load(f), proc
+
+
+def test_cold_start_meta(cold_start):
+    doc, proc = cold_start
+    meta = doc["meta"]
+    assert meta["quick"] is True and meta["repeats"] == 1 and meta["threads"] == 2
+    assert meta["commit"] and isinstance(meta["uncommitted_changes"], bool)
+    assert meta["uptime_start"] is None or "load average" in meta["uptime_start"]
+    assert list(doc["interpreters"]) == [sys.executable]
+    assert "### Python" in proc.stdout and "| target (issue 30) |" in proc.stdout
+
+
+def test_cold_start_every_part_is_measured(cold_start):
+    doc, _ = cold_start
+    entry = doc["interpreters"][sys.executable]
+    assert entry["info"]["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert entry["info"]["torch_installed"] == HAVE_TORCH
+    assert set(entry["parts"]) == set(COLD_PARTS)
+    for part in COLD_PARTS:
+        cells = entry["parts"][part]
+        assert set(cells) == {"sklearn", "agent", "standard", "torch"}
+        assert "skipped" in cells["agent"] and "skipped" in cells["torch"]  # quick mode
+        for fw in ("sklearn", "standard"):
+            cell = cells[fw]
+            assert "error" not in cell, (part, fw, cell)
+            for key in ("first_model_s", "import_s", "first_fit_s", "process_s"):
+                assert _positive_finite(cell[key]), (part, fw, key, cell.get(key))
+            assert cell["first_model_s"] >= cell["import_s"]
+            assert set(cell["modules_after_first_fit"]) == HEAVY_MODULES
+            if part.startswith("grid"):
+                assert math.isfinite(cell["best_score"]), (part, fw)
+            else:
+                assert _positive_finite(cell["second_fit_s"]), (part, fw)
+        assert cells["standard"]["modules_after_first_fit"]["onnxruntime"]
+        assert not cells["sklearn"]["modules_after_first_fit"]["onnxruntime"]
+        ratios = entry["ratios"][part]["standard"]
+        assert _positive_finite(ratios["first_model_s"]) and _positive_finite(ratios["process_s"])
+    standard = entry["parts"]["defaults"]["standard"]
+    assert standard["first"]["backend_"] == "standard"
+    if entry["cache_env"]:  # the package has an on-disk cache: measured empty too
+        assert standard["cache"] == "on_disk"
+        assert _positive_finite(standard["empty_cache"]["first_model_s"])
+
+
+def test_cold_start_targets(cold_start):
+    doc, _ = cold_start
+    targets = doc["interpreters"][sys.executable]["targets"]
+    names = {t["target"] for t in targets}
+    assert "second fit, diabetes defaults" in names
+    assert {"GridSearchCV n_jobs=1, whole process", "GridSearchCV n_jobs=2, whole process"} <= names
+    for t in targets:
+        assert t["issue"] == 30 and t["backend"] == "standard"
+        assert t["met"] in (True, False) and _positive_finite(t["measured"])
