@@ -17,7 +17,8 @@ VENV313="${VENV313:-.venv313}"
 TESTS313="tests/test_backends.py tests/test_golden_gradients.py tests/test_gradients.py
  tests/test_trajectory.py tests/test_engine.py tests/test_ortgrad.py tests/test_training_graph.py
  tests/test_regressor.py tests/test_classifier.py tests/test_reliability.py
- tests/test_callbacks.py tests/test_artifacts.py tests/test_sklearn_parity.py
+ tests/test_callbacks.py tests/test_library_callbacks.py tests/test_artifacts.py
+ tests/test_sklearn_parity.py
  tests/test_cold_import.py"
 
 setup() {

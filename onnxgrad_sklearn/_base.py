@@ -23,6 +23,7 @@ from ._callbacks import (
     NO_TASK,
     CallbackSupportMixin,
     fit_task,
+    holds_out_validation,
     shallow_state,
     uses_validation_data,
 )
@@ -323,6 +324,7 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
         first_call = not ((self.warm_start or incremental) and hasattr(self, "_converted"))
         # what the callbacks receive, as given (a dask collection for rows on a cluster)
         given = (X.collection if _is_rows(X) else X, y, sample_weight)
+        given_validation = None if validation is None or validation[0] is None else validation
         # Until training starts, a failure (bad input, a loss that cannot be built)
         # puts every attribute back: the estimator stays as it was (validate_data
         # records the features at once, _initialize replaces the fitted state).
@@ -337,7 +339,9 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
             if first_call or not incremental or not hasattr(self, "_template_penalty"):
                 # partial_fit keeps the rows of its first call: one engine for every call
                 self._template_penalty = self._templates_penalty(
-                    X.shape[0], optimizer.full_batch, held_out=validation is None
+                    X.shape[0],
+                    optimizer.full_batch,
+                    held_out=validation is None and not incremental,
                 )
             self._penalty = self._resolve_penalty()
             self._loss_ = loss
@@ -362,7 +366,7 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
         # scikit-learn's callbacks: one task per epoch or L-BFGS iteration, none for
         # partial_fit's one epoch (NO_TASK without callbacks)
         subtasks = 0 if incremental else self.max_iter + (1 if full_batch else 0)
-        task = fit_task(self, *given, max_subtasks=subtasks)
+        task = fit_task(self, *given, max_subtasks=subtasks, validation=given_validation)
         try:
             if full_batch:
                 self._run_lbfgs(engine, X, y2d, sample_weight, optimizer, loss, task)
@@ -545,7 +549,7 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
         """
         rows = n_samples
         if not full_batch:
-            if self.early_stopping and held_out:
+            if held_out and (self.early_stopping or holds_out_validation(self)):
                 n_samples -= int(np.ceil(self.validation_fraction * n_samples))
             size = 200 if self.batch_size == "auto" else self.batch_size
             rows = max(1, min(size, n_samples))
@@ -729,7 +733,11 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
         rule and the schedule applied (a callback may stop the fit there).
         """
         early_stopping = self.early_stopping and not incremental
-        train, validation = self._split_validation((X, y2d, sample_weight), early_stopping, given)
+        # a callback may ask for a held-out split of its own (EarlyStopping)
+        held_out = early_stopping or (not incremental and holds_out_validation(self))
+        train, validation, held_rows = self._split_validation(
+            (X, y2d, sample_weight), held_out, given, rows=True
+        )
         if validation is not None and not early_stopping and self.validation_scores_ is None:
             self.validation_scores_, self.best_validation_score_ = [], -np.inf  # scored only
         best_weights = engine.get_weights() if early_stopping else None
@@ -740,10 +748,19 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
         self.n_iter_ = 0  # per call, partial_fit included, as MLPRegressor counts
         reached_max_iter = diverged = False
         sample_idx = np.arange(n_samples)
+        # what the callbacks see beyond scikit-learn's context (callbacks.fit_state)
+        state = task.expose(engine.get_weights, held_rows, incremental)
+        if state is not None:
+            state.optimizer_state = engine.get_state
+            saved = task.resume()  # a Checkpoint's file: go on from its epoch
+            if saved is not None:
+                sample_idx, best_weights = self._resume(engine, saved, n_samples, best_weights)
         try:
-            for _ in range(max_iter):
+            for _ in range(max_iter - (0 if incremental else self.n_iter_)):
                 if self.shuffle:  # each epoch permutes the last one's order, as MLPRegressor
                     sample_idx = _shuffled(sample_idx, self._random_state)
+                if state is not None:
+                    state.order = sample_idx
                 order = sample_idx if self.shuffle else None
                 task.begin("epoch", engine.get_weights)
                 epoch_loss = self._run_interruptible_epoch(
@@ -755,6 +772,8 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
                     break
                 if self._end_epoch(engine, epoch_loss, n_samples, validation, bar, early_stopping):
                     best_weights = engine.get_weights()
+                if state is not None:
+                    state.best_weights = best_weights
                 stop = self._stops(early_stopping, bar)
                 if task.end(engine.get_weights) and not stop:
                     stop = self._report_callback_stop(early_stopping, bar)
@@ -766,6 +785,7 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
                     engine.release_sessions()
                 self._check_last_update(engine, train, batch_size)
         finally:
+            task.conceal()
             if bar is not None:
                 bar.close()
         if reached_max_iter:  # after the bar is closed, not in the middle of it
@@ -777,17 +797,45 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
             )
         if early_stopping:
             engine.set_weights(best_weights)
+        if state is not None and state.final_weights is not None:  # a callback's choice
+            engine.set_weights(state.final_weights)
 
-    def _split_validation(self, arrays, early_stopping, given=None):
+    def _resume(self, engine, saved, n_samples, best_weights):
+        """Set the fit's state to ``saved`` (what ``callbacks.Checkpoint`` wrote at the
+        end of an epoch); return the rows' order and the best weights to go on with."""
+        order = np.asarray(saved["order"], dtype=np.intp)
+        if order.shape != (n_samples,):
+            raise ValueError(
+                f"The checkpoint's row order has {order.shape[0]} rows, the fit trains "
+                f"on {n_samples}."
+            )
+        engine.set_weights(saved["weights"])
+        engine.set_state(saved["optimizer_state"])
+        for name in ("n_iter_", "t_", "loss_", "loss_curve_", "_no_improvement_count"):
+            setattr(self, name, saved[name])
+        for name in ("best_loss_", "validation_scores_", "best_validation_score_"):
+            setattr(self, name, saved[name])
+        self._schedule.learning_rate = saved["learning_rate"]
+        self._random_state.set_state(saved["random_state"])
+        if saved["best_weights"] is not None:
+            best_weights = saved["best_weights"]
+        logger.info("Going on from the checkpoint of epoch %d.", self.n_iter_)
+        return order, best_weights
+
+    def _split_validation(self, arrays, early_stopping, given=None, rows=False):
         """Return the training arrays and the validation ones: ``given`` (the set given
         to ``fit``: every row trains), or with early stopping the held-out split (else None).
+
+        With ``rows``, also the indices of the held-out rows (None when nothing is held
+        out): the callbacks score the rows as given to ``fit``.
         """
-        if given is not None:
-            return arrays, given
-        if not early_stopping:
-            return arrays, None
-        X, X_val, y2d, y_val, sample_weight, sw_val = train_test_split(
+        if given is not None or not early_stopping:
+            return (arrays, given, None) if rows else (arrays, given)
+        indices = (np.arange(arrays[0].shape[0]),) if rows else ()
+        # the indices do not change the split: ShuffleSplit draws the same permutation
+        X, X_val, y2d, y_val, sample_weight, sw_val, *held = train_test_split(
             *arrays,
+            *indices,
             random_state=self._random_state,
             test_size=self.validation_fraction,
             stratify=self._stratify(arrays[1]),
@@ -797,7 +845,8 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
                 "The validation set is too small. Increase 'validation_fraction' "
                 "or the size of your dataset."
             )
-        return (_as_rows(X, X.dtype), y2d, sample_weight), (X_val, y_val, sw_val)
+        train, validation = (_as_rows(X, X.dtype), y2d, sample_weight), (X_val, y_val, sw_val)
+        return (train, validation, held[1]) if rows else (train, validation)
 
     def _run_interruptible_epoch(self, engine, train, order, batch_size, best_weights):
         """Run one epoch; on Ctrl-C keep the last completed batch's weights, warn, re-raise.

@@ -40,7 +40,10 @@ __all__ = [
     "CallbackSupportMixin",
     "NO_TASK",
     "callbacks_of",
+    "FitState",
+    "fit_state",
     "fit_task",
+    "holds_out_validation",
     "shallow_state",
     "uses_validation_data",
     "with_callbacks",
@@ -48,7 +51,12 @@ __all__ = [
 
 #: What scikit-learn's callback machinery keeps on an estimator during its fit; a
 #: copy of the estimator (a ``fitted_estimator``) does not take it along.
-_CONTEXT_ATTRIBUTES = ("_callback_fit_ctx", "_skl_callbacks_to_teardown", "_parent_callback_ctx")
+_CONTEXT_ATTRIBUTES = (
+    "_callback_fit_ctx",
+    "_skl_callbacks_to_teardown",
+    "_parent_callback_ctx",
+    "_callback_fit_state",
+)
 
 #: Attributes the fit loops change in place: a copy gets its own.
 _LISTS = ("loss_curve_", "validation_scores_")
@@ -68,6 +76,63 @@ def uses_validation_data(estimator) -> bool:
     ``validation_scores_`` records the score on them at each epoch.
     """
     return any(getattr(cb, "uses_validation_data", False) for cb in callbacks_of(estimator))
+
+
+def holds_out_validation(estimator) -> bool:
+    """Whether a callback of ``estimator`` asks for a held-out validation split.
+
+    Such a callback has a true ``holds_out_validation`` attribute: a stochastic
+    ``fit`` given no ``X_val`` then holds out ``validation_fraction`` of the rows
+    (the split ``early_stopping=True`` makes, the same rows) and trains on the rest.
+    """
+    return any(getattr(cb, "holds_out_validation", False) for cb in callbacks_of(estimator))
+
+
+class FitState:
+    """What an epoch-by-epoch fit shows its callbacks beyond scikit-learn's context.
+
+    :func:`fit_state` gives it, during the fit only (None otherwise).
+
+    Parameters
+    ----------
+    weights : callable
+        Returns copies of the trained weights as they are now.
+    validation : tuple or None
+        ``(X_val, y_val, sample_weight_val)`` as given to ``fit``, or the rows held
+        out from the data given to ``fit`` (``validation_fraction``), indexed as given;
+        None when there is no validation set.
+
+    Attributes
+    ----------
+    final_weights : list of ndarray or None
+        Set by a callback: the weights the fit ends with (they replace the built-in
+        early stopping's best epoch); None keeps the fit's own.
+    held_out : bool
+        Whether ``validation`` are rows held out of those given to ``fit``.
+    data : dict
+        ``X``, ``y`` and ``metadata`` given to ``fit``, as the tasks receive them.
+    optimizer_state : callable or None
+        Returns the optimizer's state (``TrainingEngine.get_state``).
+    order : ndarray or None
+        The order of the training rows in the current epoch (its shuffle).
+    best_weights : list of ndarray or None
+        With ``early_stopping=True``, the weights of the best epoch so far.
+    """
+
+    def __init__(self, weights, validation, held_out=False, data=None):
+        self.weights = weights
+        self.validation = validation
+        self.final_weights = None
+        self.held_out = held_out
+        self.data = data or {}
+        self.optimizer_state = None
+        self.order = None
+        self.best_weights = None
+
+
+def fit_state(estimator):
+    """The :class:`FitState` of the fit of ``estimator`` under way, or None."""
+    return estimator.__dict__.get("_callback_fit_state")
 
 
 def shallow_state(estimator, optimizer_state=True) -> dict:
@@ -159,6 +224,15 @@ class _NoTask:
     def finish(self) -> None:
         pass
 
+    def expose(self, weights, held_rows, incremental=False):
+        return None
+
+    def resume(self):
+        return None
+
+    def conceal(self) -> None:
+        pass
+
 
 #: The tasks of a fit with no callback set.
 NO_TASK = _NoTask()
@@ -176,11 +250,14 @@ class FitTask:
         ``{"sample_weight": ...}`` (None without sample weights).
     max_subtasks : int
         The most epochs or iterations the fit can run (0 for ``partial_fit``).
+    validation : tuple or None
+        ``(X_val, y_val, sample_weight_val)`` given to ``fit``, or None.
     """
 
-    def __init__(self, estimator, X, y, metadata, max_subtasks):
+    def __init__(self, estimator, X, y, metadata, max_subtasks, validation=None):
         self.estimator = estimator
         self.data = {"X": X, "y": y, "metadata": metadata}
+        self.validation = validation
         self.root = estimator._init_callback_context(task_name="fit", max_subtasks=max_subtasks)
         self.root.call_on_fit_task_begin(estimator=estimator, **self.data)
         self.leaf = max_subtasks == 0  # partial_fit: its one epoch is the task itself
@@ -221,6 +298,34 @@ class FitTask:
             context, self.current = self.current, None
             context.call_on_fit_task_end(estimator=self.estimator)
 
+    def expose(self, weights, held_rows, incremental=False):
+        """Show the callbacks a :class:`FitState` (``fit_state(estimator)``) until
+        :meth:`conceal`; ``held_rows``: the indices of the rows held out of the data
+        given to ``fit`` (None: none). Return it."""
+        validation = self.validation
+        if validation is None and held_rows is not None:
+            validation = _held_out(self.data, held_rows)
+        held_out = self.validation is None and held_rows is not None
+        state = FitState(weights, None if incremental else validation, held_out, self.data)
+        self.estimator.__dict__["_callback_fit_state"] = state
+        return state
+
+    def resume(self):
+        """The saved state a callback's ``resume_point(estimator)`` gives the fit to go
+        on from (the first that is not None), or None."""
+        if self.leaf:
+            return None
+        for callback in callbacks_of(self.estimator):
+            point = getattr(callback, "resume_point", None)
+            saved = None if point is None else point(self.estimator)
+            if saved is not None:
+                return saved
+        return None
+
+    def conceal(self) -> None:
+        """Take the :class:`FitState` away: the fit is over."""
+        self.estimator.__dict__.pop("_callback_fit_state", None)
+
     def finish(self) -> None:
         """End the root task: its ``fitted_estimator`` is the fitted estimator."""
         self.close()
@@ -229,10 +334,24 @@ class FitTask:
         )
 
 
-def fit_task(estimator, X, y, sample_weight, max_subtasks):
+def _held_out(data, rows):
+    """``(X_val, y_val, sample_weight_val)``: the rows ``rows`` of the data given to fit."""
+    from sklearn.utils import _safe_indexing
+
+    X, y, metadata = data["X"], data["y"], data["metadata"]
+    if not hasattr(X, "shape") and not isinstance(X, list):  # a dask collection
+        return None
+    sample_weight = None if metadata is None else metadata["sample_weight"]
+    if sample_weight is not None:
+        sample_weight = np.asarray(sample_weight)[rows]
+    return _safe_indexing(X, rows), _safe_indexing(y, rows), sample_weight
+
+
+def fit_task(estimator, X, y, sample_weight, max_subtasks, validation=None):
     """The tasks of a fit of ``estimator``: :class:`FitTask`, or :data:`NO_TASK`
-    when no callback is set (or scikit-learn has no callback API)."""
+    when no callback is set (or scikit-learn has no callback API). ``validation``:
+    ``(X_val, y_val, sample_weight_val)`` given to ``fit``, or None."""
     if not callbacks_of(estimator) or not hasattr(estimator, "_init_callback_context"):
         return NO_TASK
     metadata = None if sample_weight is None else {"sample_weight": sample_weight}
-    return FitTask(estimator, X, y, metadata, max_subtasks)
+    return FitTask(estimator, X, y, metadata, max_subtasks, validation)
