@@ -354,6 +354,11 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
                 # L-BFGS-B adds the L1 part itself, over bound-constrained variables
                 penalty=_smooth_penalty(self._penalty) if full_batch else self._penalty,
             )
+            # scikit-learn's callbacks: one task per epoch or L-BFGS iteration, none for
+            # partial_fit's one epoch (NO_TASK without callbacks); their setup may refuse
+            # the fit (a Checkpoint's lock held by another fit)
+            subtasks = 0 if incremental else self.max_iter + (1 if full_batch else 0)
+            task = fit_task(self, *given, max_subtasks=subtasks, validation=given_validation)
         except BaseException:
             self.__dict__.clear()
             self.__dict__.update(before)
@@ -363,10 +368,6 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
         # training: made again at its end, or by predict should the fit stop half-way.
         self._session = self._logit_session = None
         self._release_trained_values(engine)
-        # scikit-learn's callbacks: one task per epoch or L-BFGS iteration, none for
-        # partial_fit's one epoch (NO_TASK without callbacks)
-        subtasks = 0 if incremental else self.max_iter + (1 if full_batch else 0)
-        task = fit_task(self, *given, max_subtasks=subtasks, validation=given_validation)
         try:
             if full_batch:
                 self._run_lbfgs(engine, X, y2d, sample_weight, optimizer, loss, task)

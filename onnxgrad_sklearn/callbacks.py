@@ -20,15 +20,19 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import math
 import numbers
 import os
+import time
 
 import numpy as np
 
 from ._callbacks import fit_state
 
 __all__ = ["Checkpoint", "EarlyStopping", "LRScheduler"]
+
+logger = logging.getLogger("onnxgrad_sklearn")
 
 
 def _require_callback_api(name):
@@ -398,6 +402,15 @@ class Checkpoint:
     callbacks (an :class:`LRScheduler` on a plateau, an :class:`EarlyStopping`) starts
     afresh at the checkpoint's epoch.
 
+    A fit that completes (``max_iter``, convergence, an early stop, a callback's stop)
+    marks its checkpoint finished (``"finished": true`` and ``"final_epoch"`` in the
+    JSON document): a fit started again with it does not go on from it, it starts
+    afresh (logged at INFO) and overwrites it. While a fit runs, it holds a lock next
+    to the file, ``path + ".lock"`` (created exclusively, with its process id): a
+    second fit with the same ``path`` is refused with a ValueError while the first
+    runs; a lock left by a process that no longer runs is taken over, with a logged
+    warning. The lock is released at the end of the fit, also on an error.
+
     Parameters
     ----------
     path : str or os.PathLike
@@ -427,9 +440,58 @@ class Checkpoint:
         self.every = every
         self.resumed_from_ = None
         self.saved_epochs_ = []
+        self._locked = False
+
+    @property
+    def lock_path(self):
+        """The lock a fit holds while it runs: ``path + ".lock"``."""
+        return self.path + ".lock"
 
     def setup(self, estimator, context):
-        """Called by scikit-learn at the start of a fit: nothing to do."""
+        """Called by scikit-learn at the start of a fit: take the lock of ``path``."""
+        self._lock()
+
+    def _lock(self):
+        for _ in range(2):  # a stale lock is removed once, then taken
+            try:
+                fd = os.open(self.lock_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                pid = _lock_owner(self.lock_path)
+                if pid is None or _pid_alive(pid):
+                    who = "an unknown process" if pid is None else f"process {pid}"
+                    if pid == os.getpid():
+                        who += " (this one)"
+                    raise ValueError(
+                        f"The checkpoint {self.path} is being written by another fit "
+                        f"({who} holds {self.lock_path}): two fits cannot write one "
+                        "checkpoint at once. Wait for it to end, or give this fit another "
+                        "path (remove the lock file if no fit runs)."
+                    ) from None
+                logger.warning(
+                    "The lock %s was left by process %d, which no longer runs: taking it over.",
+                    self.lock_path,
+                    pid,
+                )
+                try:
+                    os.remove(self.lock_path)
+                except FileNotFoundError:
+                    pass
+                continue
+            with os.fdopen(fd, "w") as out:
+                out.write(str(os.getpid()))
+            self._locked = True
+            return
+        raise ValueError(f"Could not take the lock {self.lock_path} of the checkpoint.")
+
+    def _unlock(self):
+        if not self._locked:
+            return
+        self._locked = False
+        if _lock_owner(self.lock_path) == os.getpid():
+            try:
+                os.remove(self.lock_path)
+            except FileNotFoundError:
+                pass
 
     def on_fit_task_begin(self, estimator, context):
         """Forget the previous fit at the start of a new one (its root task)."""
@@ -476,6 +538,14 @@ class Checkpoint:
                 f"The checkpoint {self.path} is of a fit on other data (differing: "
                 f"{', '.join(differ)}). Remove it, or fit on its data."
             )
+        if meta.get("finished"):
+            logger.info(
+                "The checkpoint %s is of a finished fit (epoch %s): starting afresh, "
+                "it will be overwritten.",
+                self.path,
+                meta.get("final_epoch"),
+            )
+            return None
         if state.held_out and not isinstance(estimator.random_state, numbers.Integral):
             raise ValueError(
                 f"The checkpoint {self.path} cannot be gone on from: the fit holds out "
@@ -509,7 +579,11 @@ class Checkpoint:
         }
 
     def on_fit_task_end(self, estimator, context):
-        """Save the fit's state at the end of every ``every``-th epoch."""
+        """Save the fit's state at the end of every ``every``-th epoch; mark the
+        checkpoint finished at the end of the fit (its root task)."""
+        if getattr(context, "task_name", None) == "fit":
+            self._finish(estimator)
+            return False
         if not _is_epoch(context) or estimator.n_iter_ % self.every:
             return False
         state = fit_state(estimator)
@@ -559,6 +633,7 @@ class Checkpoint:
                 "has_gauss": int(has_gauss),
                 "cached_gaussian": float(cached),
             },
+            "finished": False,
             "fit": {
                 "n_iter_": int(estimator.n_iter_),
                 "t_": int(estimator.t_),
@@ -572,6 +647,21 @@ class Checkpoint:
             },
         }
         arrays["meta"] = np.array(json.dumps(meta))
+        self._save(arrays)
+
+    def _finish(self, estimator):
+        """Mark the checkpoint this fit wrote or went on from as finished."""
+        if (not self.saved_epochs_ and self.resumed_from_ is None) or not os.path.exists(self.path):
+            return
+        with np.load(self.path, allow_pickle=False) as saved:
+            arrays = {k: saved[k] for k in saved.files}
+        meta = json.loads(str(arrays["meta"]))
+        meta["finished"] = True
+        meta["final_epoch"] = int(estimator.n_iter_)
+        arrays["meta"] = np.array(json.dumps(meta))
+        self._save(arrays)
+
+    def _save(self, arrays):
         buffer = io.BytesIO()
         np.savez(buffer, **arrays)
         folder = os.path.dirname(os.path.abspath(self.path))
@@ -583,4 +673,32 @@ class Checkpoint:
         os.replace(temporary, self.path)
 
     def teardown(self, estimator, context):
-        """Called by scikit-learn at the end of a fit: nothing to do."""
+        """Called by scikit-learn at the end of a fit (also on an error): release the
+        lock."""
+        self._unlock()
+
+
+def _lock_owner(path):
+    """The process id a lock file holds, or None (unreadable, or being written)."""
+    for attempt in range(3):
+        try:
+            with open(path) as lock:
+                return int(lock.read().strip())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            time.sleep(0.05 * (attempt + 1))  # created, its pid not written yet
+    return None
+
+
+def _pid_alive(pid) -> bool:
+    """Whether the process ``pid`` runs (on Windows, always assumed)."""
+    if os.name == "nt":  # os.kill would end it there
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it runs, as another user
+        return True
+    return True

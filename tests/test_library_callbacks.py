@@ -1,8 +1,13 @@
 """The library's callbacks (onnxgrad_sklearn.callbacks): EarlyStopping, LRScheduler."""
 
+import json
+import logging
 import math
+import os
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -269,7 +274,7 @@ def test_scheduler_refuses_bad_parameters():
 # -- Checkpoint -------------------------------------------------------------------------------
 
 _KILLED_FIT = """
-import os, signal, sys, warnings
+import json, os, signal, sys, warnings
 import numpy as np
 warnings.simplefilter("ignore")
 from sklearn.neural_network import MLPRegressor
@@ -278,6 +283,7 @@ from onnxgrad_sklearn.callbacks import Checkpoint
 
 path, backend = sys.argv[1], sys.argv[2]
 early_stopping, kill_at = sys.argv[3] == "1", int(sys.argv[4])
+params, every = json.loads(sys.argv[5]), int(sys.argv[6])
 rng = np.random.RandomState(0)
 X = rng.randn(160, 4)
 y = np.sin(X[:, 0]) + 0.5 * X[:, 1] - X[:, 2] + 0.3 * rng.randn(160)
@@ -298,39 +304,105 @@ class Kill:
         pass
 
 
+params.setdefault("n_iter_no_change", np.inf)
 reg = OrtGradientRegressor(
     MLPRegressor(hidden_layer_sizes=(8,)), learning_rate_init=0.05, batch_size=32,
-    max_iter=10, n_iter_no_change=np.inf, random_state=0, backend=backend,
-    early_stopping=early_stopping,
+    random_state=0, backend=backend, early_stopping=early_stopping, **params,
 )
-reg.set_callbacks(Checkpoint(path, every=2), Kill()).fit(X, y)
+reg.set_callbacks(Checkpoint(path, every=every), Kill()).fit(X, y)
 """
 
 
+class _Rates:
+    """Records the schedule's learning rate at the start of each epoch."""
+
+    def __init__(self):
+        self.rates = []
+
+    def setup(self, estimator, context):
+        pass
+
+    def on_fit_task_begin(self, estimator, context):
+        if context.task_name == "epoch":
+            self.rates.append(estimator._schedule.learning_rate)
+
+    def on_fit_task_end(self, estimator, context):
+        pass
+
+    def teardown(self, estimator, context):
+        pass
+
+
+# (params, every, the epoch killed after, the epoch saved last before it)
+_KILLS = {
+    "plain": (dict(max_iter=10), 2, 5, 4),
+    "early_stopping": (dict(max_iter=10, early_stopping=True), 2, 5, 4),
+    # the adaptive rate is divided by 5 at the end of epochs 6, 8, 10 (and 12, 14)
+    "adaptive": (
+        dict(max_iter=16, learning_rate="adaptive", tol=0.05, n_iter_no_change=1),
+        1,
+        11,
+        11,
+    ),
+}
+
+
+def _meta(path):
+    with np.load(path, allow_pickle=False) as saved:
+        return json.loads(str(saved["meta"]))
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("early_stopping", [False, True], ids=["plain", "early_stopping"])
-def test_a_killed_fit_started_again_ends_as_an_uninterrupted_one(backend, early_stopping, tmp_path):
+@pytest.mark.parametrize("case", list(_KILLS))
+def test_a_killed_fit_started_again_ends_as_an_uninterrupted_one(backend, case, tmp_path):
+    params, every, kill_at, saved_at = _KILLS[case]
+    early_stopping = params.get("early_stopping", False)
     path = tmp_path / "fit.ckpt.npz"
+    script = {k: v for k, v in params.items() if k != "early_stopping"}
     killed = subprocess.run(
-        [sys.executable, "-c", _KILLED_FIT, str(path), backend, str(int(early_stopping)), "5"],
+        [
+            sys.executable,
+            "-c",
+            _KILLED_FIT,
+            str(path),
+            backend,
+            str(int(early_stopping)),
+            str(kill_at),
+            json.dumps(script),
+            str(every),
+        ],
         capture_output=True,
         text=True,
     )
-    assert killed.returncode == -9, killed.stderr[-3000:]  # SIGKILL after epoch 5
+    assert killed.returncode == -9, killed.stderr[-3000:]  # SIGKILL after epoch kill_at
     assert path.is_file() and not list(tmp_path.glob("*.tmp"))
+    assert _meta(path)["finished"] is False
     X, y = _regression()
-    params = dict(max_iter=10, early_stopping=early_stopping)
-    whole = _mlp(backend, **params).fit(X, y)
-    checkpoint = Checkpoint(path, every=2)
-    again = _mlp(backend, **params).set_callbacks(checkpoint).fit(X, y)
-    assert checkpoint.resumed_from_ == 4  # the last epoch saved before the kill
-    assert checkpoint.saved_epochs_ == [6, 8, 10]
-    assert again.loss_curve_ == whole.loss_curve_ and again.n_iter_ == whole.n_iter_ == 10
+    rates = _Rates()
+    whole = _mlp(backend, **params).set_callbacks(rates).fit(X, y)
+    max_iter = params["max_iter"]
+    assert whole.n_iter_ == max_iter
+    if params.get("learning_rate") == "adaptive":  # divided before the kill, and after it
+        assert len(set(rates.rates[:kill_at])) > 1
+        assert len(set(rates.rates[kill_at:])) > 1
+    checkpoint = Checkpoint(path, every=every)
+    again_rates = _Rates()
+    again = _mlp(backend, **params).set_callbacks(checkpoint, again_rates).fit(X, y)
+    assert checkpoint.resumed_from_ == saved_at  # the last epoch saved before the kill
+    assert checkpoint.saved_epochs_ == list(range(saved_at + every, max_iter + 1, every))
+    assert again_rates.rates == rates.rates[saved_at:]
+    assert again.loss_curve_ == whole.loss_curve_ and again.n_iter_ == whole.n_iter_
     assert again.t_ == whole.t_
+    assert again._schedule.learning_rate == whole._schedule.learning_rate
+    assert again.best_loss_ == whole.best_loss_
+    assert again._no_improvement_count == whole._no_improvement_count
     assert _same_weights(again, whole)
     if early_stopping:
         assert again.validation_scores_ == whole.validation_scores_
         assert again.best_validation_score_ == whole.best_validation_score_
+    meta = _meta(path)  # the fit is over: its checkpoint is marked finished
+    assert meta["finished"] is True and meta["final_epoch"] == max_iter
+    assert not os.path.exists(str(path) + ".lock")
 
 
 class _Interrupt:
@@ -390,13 +462,141 @@ def test_a_checkpoint_of_other_parameters_or_data_is_refused(tmp_path):
         reg = _mlp("standard", max_iter=2, **params).set_callbacks(Checkpoint(path))
         with pytest.raises(ValueError, match=message):
             reg.fit(Xc, yc, sample_weight=wc)
-    # the same parameters and data: it goes on from epoch 2, here the last one
+    # the same parameters and data: the fit was finished, this one starts afresh
     checkpoint = Checkpoint(path)
     reg = _mlp("standard", max_iter=2).set_callbacks(checkpoint)
     reg.fit(X, y, sample_weight=weight)
-    assert checkpoint.resumed_from_ == 2 and reg.n_iter_ == 2
+    assert checkpoint.resumed_from_ is None and reg.n_iter_ == 2
     with pytest.raises(ValueError, match="every"):
         Checkpoint(path, every=0)
+
+
+def test_a_finished_checkpoint_is_marked_and_a_new_fit_starts_afresh(tmp_path, caplog):
+    X, y = _regression(128)
+    path = tmp_path / "fit.ckpt.npz"
+    first = _mlp("standard", max_iter=5).set_callbacks(Checkpoint(path, every=2)).fit(X, y)
+    meta = _meta(path)  # epoch 4 saved, the fit ended at epoch 5
+    assert meta["finished"] is True and meta["final_epoch"] == 5
+    assert meta["fit"]["n_iter_"] == 4
+    checkpoint = Checkpoint(path, every=2)
+    with caplog.at_level(logging.INFO, logger="onnxgrad_sklearn"):
+        again = _mlp("standard", max_iter=5).set_callbacks(checkpoint).fit(X, y)
+    assert "finished fit" in caplog.text and "starting afresh" in caplog.text
+    assert checkpoint.resumed_from_ is None and checkpoint.saved_epochs_ == [2, 4]
+    assert again.loss_curve_ == first.loss_curve_ and _same_weights(again, first)
+    assert _meta(path)["finished"] is True
+    # a fit stopped by a callback completes too; one interrupted does not
+    with pytest.raises(KeyboardInterrupt):
+        _mlp("standard", max_iter=5).set_callbacks(Checkpoint(path), _Interrupt(3)).fit(X, y)
+    assert _meta(path)["finished"] is False and _meta(path)["fit"]["n_iter_"] == 3
+    assert not os.path.exists(str(path) + ".lock")  # released on the interruption
+    checkpoint = Checkpoint(path)
+    _mlp("standard", max_iter=5).set_callbacks(checkpoint, _StopAt(4)).fit(X, y)
+    assert checkpoint.resumed_from_ == 3 and checkpoint.saved_epochs_ == [4]
+    meta = _meta(path)
+    assert meta["finished"] is True and meta["final_epoch"] == 4
+
+
+class _StopAt:
+    """Stops the fit at the end of epoch ``at``."""
+
+    def __init__(self, at):
+        self.at = at
+
+    def setup(self, estimator, context):
+        pass
+
+    def on_fit_task_begin(self, estimator, context):
+        pass
+
+    def on_fit_task_end(self, estimator, context):
+        return context.task_name == "epoch" and estimator.n_iter_ == self.at
+
+    def teardown(self, estimator, context):
+        pass
+
+
+class _Pause:
+    """Writes ``flag`` at the end of epoch 1, then waits until ``go`` exists."""
+
+    def __init__(self, flag, go):
+        self.flag, self.go = flag, go
+
+    def setup(self, estimator, context):
+        pass
+
+    def on_fit_task_begin(self, estimator, context):
+        pass
+
+    def on_fit_task_end(self, estimator, context):
+        if context.task_name == "epoch" and estimator.n_iter_ == 1:
+            open(self.flag, "w").close()
+            while not os.path.exists(self.go):
+                time.sleep(0.02)
+
+    def teardown(self, estimator, context):
+        pass
+
+
+def test_two_fits_writing_one_checkpoint_at_once_are_refused(tmp_path):
+    X, y = _regression(128)
+    path = tmp_path / "fit.ckpt.npz"
+    lock = tmp_path / "fit.ckpt.npz.lock"
+    flag, go = tmp_path / "paused", tmp_path / "go"
+    first = _mlp("standard", max_iter=3).set_callbacks(Checkpoint(path), _Pause(flag, go))
+    errors = []
+
+    def run():
+        try:
+            first.fit(X, y)
+        except BaseException as exc:  # pragma: no cover - shown by the assertion below
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not flag.exists() and thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert flag.exists(), errors
+        assert lock.read_text() == str(os.getpid())
+        second = _mlp("standard", max_iter=3).set_callbacks(Checkpoint(path))
+        with pytest.raises(ValueError, match=f"{path}.*process {os.getpid()}"):
+            second.fit(X, y)
+        assert lock.exists()  # the refused fit leaves the other one's lock
+    finally:
+        go.touch()
+        thread.join()
+    assert not errors and first.n_iter_ == 3
+    assert not lock.exists()  # released at the end of the fit
+
+
+def test_a_lock_held_by_another_live_process_refuses_and_a_stale_one_is_taken_over(
+    tmp_path, caplog
+):
+    X, y = _regression(128)
+    path = tmp_path / "fit.ckpt.npz"
+    lock = tmp_path / "fit.ckpt.npz.lock"
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    fitted = _mlp("standard", max_iter=2).fit(X, y)
+    before = fitted.predict(X)
+    try:
+        lock.write_text(str(sleeper.pid))
+        with pytest.raises(ValueError, match=f"{path}.*process {sleeper.pid}"):
+            _mlp("standard", max_iter=2).set_callbacks(Checkpoint(path)).fit(X, y)
+        # refused before training: a fitted estimator keeps what it predicted
+        with pytest.raises(ValueError, match=f"{path}.*process {sleeper.pid}"):
+            fitted.set_callbacks(Checkpoint(path)).fit(X[::-1], y[::-1])
+        np.testing.assert_array_equal(fitted.predict(X), before)
+        assert lock.read_text() == str(sleeper.pid) and not path.exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    # the process is gone: its lock is stale, taken over with a warning
+    with caplog.at_level(logging.WARNING, logger="onnxgrad_sklearn"):
+        reg = _mlp("standard", max_iter=2).set_callbacks(Checkpoint(path)).fit(X, y)
+    assert f"process {sleeper.pid}" in caplog.text and "taking it over" in caplog.text
+    assert reg.n_iter_ == 2 and path.exists() and not lock.exists()
 
 
 # -- without scikit-learn's callback API ------------------------------------------------------
