@@ -360,8 +360,10 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
             subtasks = 0 if incremental else self.max_iter + (1 if full_batch else 0)
             task = fit_task(self, *given, max_subtasks=subtasks, validation=given_validation)
         except BaseException:
+            # scikit-learn's callback bookkeeping stays: it tears the callbacks down
+            kept = {k: self.__dict__[k] for k in _CALLBACK_STATE if k in self.__dict__}
             self.__dict__.clear()
-            self.__dict__.update(before)
+            self.__dict__.update(before, **kept)
             raise
         del before  # it holds the previous fit's ONNX model and sessions
         # The previous fit's predict sessions (a copy of the weights each) go before
@@ -1313,6 +1315,10 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
         parts = [session.run(None, {feed: _rows(X, c)}) for c in _slices(X.shape[0], rows)]
         return {name: np.concatenate([p[k] for p in parts]) for k, name in enumerate(names)}
 
+
+#: What scikit-learn's callback support sets on the estimator during a fit (its
+#: ``with_callbacks`` reads them to call the callbacks' ``teardown``).
+_CALLBACK_STATE = ("_callback_fit_ctx", "_skl_callbacks_to_teardown")
 
 #: ``multi_output`` of the final model's tags, by type (see :func:`_multi_output`).
 _MULTI_OUTPUT: dict = {}

@@ -493,11 +493,40 @@ class Checkpoint:
             except FileNotFoundError:
                 pass
 
-    def on_fit_task_begin(self, estimator, context):
-        """Forget the previous fit at the start of a new one (its root task)."""
+    def on_fit_task_begin(self, estimator, context, *, X=None, y=None, metadata=None):
+        """Forget the previous fit at the start of a new one (its root task), and refuse
+        a checkpoint of other parameters or other data before the fit trains."""
         if getattr(context, "task_name", None) == "fit":
             self.resumed_from_ = None
             self.saved_epochs_ = []
+            if os.path.exists(self.path):
+                self._compatible(estimator, {"X": X, "y": y, "metadata": metadata})
+
+    def _compatible(self, estimator, data):
+        """The checkpoint's arrays and metadata; a ValueError when it is of a fit with
+        other parameters or on other ``data`` (what was given to ``fit``)."""
+        with np.load(self.path, allow_pickle=False) as saved:
+            arrays = {k: saved[k] for k in saved.files}
+        meta = json.loads(str(arrays.pop("meta")))
+        if meta.get("version") != _CHECKPOINT_VERSION:
+            raise ValueError(f"{self.path} is not a checkpoint this version can read.")
+        params = _params_digests(estimator)
+        differ = sorted(
+            k for k in set(params) | set(meta["params"]) if params.get(k) != meta["params"].get(k)
+        )
+        if differ:
+            raise ValueError(
+                f"The checkpoint {self.path} is of a fit with other parameters (differing: "
+                f"{', '.join(differ)}). Remove it, or fit with its parameters."
+            )
+        data = _data_digests(data)
+        differ = [k for k in data if data[k] != meta["data"][k]]
+        if differ:
+            raise ValueError(
+                f"The checkpoint {self.path} is of a fit on other data (differing: "
+                f"{', '.join(differ)}). Remove it, or fit on its data."
+            )
+        return arrays, meta
 
     def resume_point(self, estimator):
         """The saved state the fit of ``estimator`` goes on from, or None.
@@ -517,27 +546,7 @@ class Checkpoint:
         if not os.path.exists(self.path):
             return None
         state = fit_state(estimator)
-        with np.load(self.path, allow_pickle=False) as saved:
-            arrays = {k: saved[k] for k in saved.files}
-        meta = json.loads(str(arrays.pop("meta")))
-        if meta.get("version") != _CHECKPOINT_VERSION:
-            raise ValueError(f"{self.path} is not a checkpoint this version can read.")
-        params = _params_digests(estimator)
-        differ = sorted(
-            k for k in set(params) | set(meta["params"]) if params.get(k) != meta["params"].get(k)
-        )
-        if differ:
-            raise ValueError(
-                f"The checkpoint {self.path} is of a fit with other parameters (differing: "
-                f"{', '.join(differ)}). Remove it, or fit with its parameters."
-            )
-        data = _data_digests(state.data)
-        differ = [k for k in data if data[k] != meta["data"][k]]
-        if differ:
-            raise ValueError(
-                f"The checkpoint {self.path} is of a fit on other data (differing: "
-                f"{', '.join(differ)}). Remove it, or fit on its data."
-            )
+        arrays, meta = self._compatible(estimator, state.data)
         if meta.get("finished"):
             logger.info(
                 "The checkpoint %s is of a finished fit (epoch %s): starting afresh, "

@@ -459,9 +459,11 @@ def test_a_checkpoint_of_other_parameters_or_data_is_refused(tmp_path):
         ({}, (X, y, 2 * weight), "other data.*sample_weight"),
     ]
     for params, (Xc, yc, wc), message in cases:
-        reg = _mlp("standard", max_iter=2, **params).set_callbacks(Checkpoint(path))
-        with pytest.raises(ValueError, match=message):
-            reg.fit(Xc, yc, sample_weight=wc)
+        reg = _mlp("standard", max_iter=2, **params).fit(Xc, yc)
+        before = reg.predict(X)
+        with pytest.raises(ValueError, match=message):  # refused before training
+            reg.set_callbacks(Checkpoint(path)).fit(Xc, yc, sample_weight=wc)
+        np.testing.assert_array_equal(reg.predict(X), before)
     # the same parameters and data: the fit was finished, this one starts afresh
     checkpoint = Checkpoint(path)
     reg = _mlp("standard", max_iter=2).set_callbacks(checkpoint)
