@@ -42,3 +42,37 @@ def no_artifacts(monkeypatch):
 
     monkeypatch.setenv(artifacts.CACHE_ENV, "")
     monkeypatch.setattr(artifacts, "_memory", OrderedDict())
+
+
+def smooth_regression(n, seed=0, noise=0.1):
+    """A smooth regression target on 4 random features (the callback tests' data)."""
+    rng = np.random.RandomState(seed)
+    X = rng.randn(n, 4)
+    y = np.sin(X[:, 0]) + 0.5 * X[:, 1] - X[:, 2] + noise * rng.randn(n)
+    return X, y
+
+
+def small_mlp(backend, **params):
+    """An OrtGradientRegressor of an MLP (8,), seeded, batch 32, no stop on the loss."""
+    from sklearn.neural_network import MLPRegressor
+
+    from onnxgrad_sklearn import OrtGradientRegressor
+
+    settings = dict(batch_size=32, n_iter_no_change=np.inf, random_state=0, backend=backend)
+    return OrtGradientRegressor(MLPRegressor(hidden_layer_sizes=(8,)), **{**settings, **params})
+
+
+class QuietCallback:
+    """A callback of scikit-learn's protocol whose hooks do nothing; tests override one."""
+
+    def setup(self, estimator, context):
+        pass
+
+    def on_fit_task_begin(self, estimator, context):
+        pass
+
+    def on_fit_task_end(self, estimator, context):
+        return False
+
+    def teardown(self, estimator, context):
+        pass

@@ -10,16 +10,16 @@ import warnings
 import numpy as np
 import pytest
 import sklearn
-from _helpers import BACKENDS
+from _helpers import BACKENDS, QuietCallback, small_mlp, smooth_regression
 from sklearn.compose import ColumnTransformer
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import GridSearchCV
-from sklearn.neural_network import MLPClassifier, MLPRegressor
+from sklearn.neural_network import MLPClassifier
 from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import OneHotEncoder, StandardScaler
 
-from onnxgrad_sklearn import OrtGradientClassifier, OrtGradientRegressor
+from onnxgrad_sklearn import OrtGradientClassifier
 
 callback = pytest.importorskip("sklearn.callback", reason="scikit-learn < 1.9: no callback API")
 ScoringMonitor = callback.ScoringMonitor
@@ -28,10 +28,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceW
 
 
 def _regression(n=120, seed=0):
-    rng = np.random.RandomState(seed)
-    X = rng.randn(n, 4)
-    y = np.sin(X[:, 0]) + 0.5 * X[:, 1] - X[:, 2] + 0.1 * rng.randn(n)
-    return X, y
+    return smooth_regression(n, seed, noise=0.1)
 
 
 def _classification(n=150, seed=0):
@@ -41,15 +38,7 @@ def _classification(n=150, seed=0):
 
 
 def _mlp(backend, **params):
-    settings = dict(
-        learning_rate_init=0.01,
-        batch_size=32,
-        max_iter=6,
-        n_iter_no_change=np.inf,
-        random_state=0,
-        backend=backend,
-    )
-    return OrtGradientRegressor(MLPRegressor(hidden_layer_sizes=(8,)), **{**settings, **params})
+    return small_mlp(backend, **{"learning_rate_init": 0.01, "max_iter": 6, **params})
 
 
 def _logistic(backend, **params):
@@ -63,26 +52,17 @@ def _rows(monitor, task_name=None):
     return [r for r in rows if task_name is None or r["task_name"] == task_name]
 
 
-class StopAt:
+class StopAt(QuietCallback):
     """Returns True at the end of epoch (or L-BFGS iteration) ``number`` (1-based)."""
 
     def __init__(self, number):
         self.number = number
 
-    def setup(self, estimator, context):
-        pass
-
-    def on_fit_task_begin(self, estimator, context):
-        pass
-
     def on_fit_task_end(self, estimator, context):
         return context.parent is not None and context.task_id == self.number - 1
 
-    def teardown(self, estimator, context):
-        pass
 
-
-class Keep:
+class Keep(QuietCallback):
     """Keeps the ``fitted_estimator`` of every task's end, as a checkpoint would."""
 
     def __init__(self, validation=False):
@@ -90,20 +70,11 @@ class Keep:
         self.uses_validation_data = validation
         self.scores = []
 
-    def setup(self, estimator, context):
-        pass
-
-    def on_fit_task_begin(self, estimator, context):
-        pass
-
     def on_fit_task_end(self, estimator, context, *, fitted_estimator=None):
         if context.parent is not None:
             self.fitted.append(fitted_estimator)
             if self.uses_validation_data:  # what the fit has recorded by this epoch's end
                 self.scores.append(list(estimator.validation_scores_))
-
-    def teardown(self, estimator, context):
-        pass
 
 
 # -- ScoringMonitor, per epoch and per L-BFGS iteration --------------------------------------

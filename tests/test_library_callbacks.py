@@ -11,9 +11,9 @@ import time
 
 import numpy as np
 import pytest
-from _helpers import BACKENDS
+from _helpers import BACKENDS, QuietCallback, small_mlp, smooth_regression
 from sklearn.metrics import accuracy_score, mean_squared_error
-from sklearn.neural_network import MLPClassifier, MLPRegressor
+from sklearn.neural_network import MLPClassifier
 
 from onnxgrad_sklearn import OrtGradientClassifier, OrtGradientRegressor
 from onnxgrad_sklearn.engine import TrainingEngine
@@ -25,22 +25,11 @@ pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceW
 
 
 def _regression(n=160, seed=0):
-    rng = np.random.RandomState(seed)
-    X = rng.randn(n, 4)
-    y = np.sin(X[:, 0]) + 0.5 * X[:, 1] - X[:, 2] + 0.3 * rng.randn(n)
-    return X, y
+    return smooth_regression(n, seed, noise=0.3)
 
 
 def _mlp(backend, **params):
-    settings = dict(
-        learning_rate_init=0.05,
-        batch_size=32,
-        max_iter=40,
-        n_iter_no_change=np.inf,
-        random_state=0,
-        backend=backend,
-    )
-    return OrtGradientRegressor(MLPRegressor(hidden_layer_sizes=(8,)), **{**settings, **params})
+    return small_mlp(backend, **{"learning_rate_init": 0.05, "max_iter": 40, **params})
 
 
 def _weights(est):
@@ -313,24 +302,15 @@ reg.set_callbacks(Checkpoint(path, every=every), Kill()).fit(X, y)
 """
 
 
-class _Rates:
+class _Rates(QuietCallback):
     """Records the schedule's learning rate at the start of each epoch."""
 
     def __init__(self):
         self.rates = []
 
-    def setup(self, estimator, context):
-        pass
-
     def on_fit_task_begin(self, estimator, context):
         if context.task_name == "epoch":
             self.rates.append(estimator._schedule.learning_rate)
-
-    def on_fit_task_end(self, estimator, context):
-        pass
-
-    def teardown(self, estimator, context):
-        pass
 
 
 # (params, every, the epoch killed after, the epoch saved last before it)
@@ -405,24 +385,15 @@ def test_a_killed_fit_started_again_ends_as_an_uninterrupted_one(backend, case, 
     assert not os.path.exists(str(path) + ".lock")
 
 
-class _Interrupt:
+class _Interrupt(QuietCallback):
     """Raises KeyboardInterrupt at the end of epoch ``at``."""
 
     def __init__(self, at):
         self.at = at
 
-    def setup(self, estimator, context):
-        pass
-
-    def on_fit_task_begin(self, estimator, context):
-        pass
-
     def on_fit_task_end(self, estimator, context):
         if context.task_name == "epoch" and estimator.n_iter_ == self.at:
             raise KeyboardInterrupt
-
-    def teardown(self, estimator, context):
-        pass
 
 
 def test_a_scheduled_fit_goes_on_from_a_checkpoint_with_its_rates(tmp_path, used_rates):
@@ -499,45 +470,27 @@ def test_a_finished_checkpoint_is_marked_and_a_new_fit_starts_afresh(tmp_path, c
     assert meta["finished"] is True and meta["final_epoch"] == 4
 
 
-class _StopAt:
+class _StopAt(QuietCallback):
     """Stops the fit at the end of epoch ``at``."""
 
     def __init__(self, at):
         self.at = at
 
-    def setup(self, estimator, context):
-        pass
-
-    def on_fit_task_begin(self, estimator, context):
-        pass
-
     def on_fit_task_end(self, estimator, context):
         return context.task_name == "epoch" and estimator.n_iter_ == self.at
 
-    def teardown(self, estimator, context):
-        pass
 
-
-class _Pause:
+class _Pause(QuietCallback):
     """Writes ``flag`` at the end of epoch 1, then waits until ``go`` exists."""
 
     def __init__(self, flag, go):
         self.flag, self.go = flag, go
-
-    def setup(self, estimator, context):
-        pass
-
-    def on_fit_task_begin(self, estimator, context):
-        pass
 
     def on_fit_task_end(self, estimator, context):
         if context.task_name == "epoch" and estimator.n_iter_ == 1:
             open(self.flag, "w").close()
             while not os.path.exists(self.go):
                 time.sleep(0.02)
-
-    def teardown(self, estimator, context):
-        pass
 
 
 def test_two_fits_writing_one_checkpoint_at_once_are_refused(tmp_path):
