@@ -374,6 +374,8 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
             if full_batch:
                 self._run_lbfgs(engine, X, y2d, sample_weight, optimizer, loss, task)
             else:
+                if _is_rows(X):  # partitions on a dask cluster: their workers' engines
+                    X.start_epochs(self, loss, engine)
                 self._run_epochs(engine, X, y2d, sample_weight, incremental, validation, task)
         finally:
             if not incremental:  # partial_fit goes on in the same sessions at its next call
@@ -947,12 +949,11 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
 
     def _check_last_update(self, engine, train, batch_size):
         """The last update was not followed by a forward pass: check its weights."""
-        X, y2d, sample_weight = train
-        n_samples = X.shape[0]
+        n_samples = train[0].shape[0]
         last = slice(max(n_samples - batch_size, 0), n_samples)
-        ones = np.ones(last.stop - last.start, dtype=sample_weight.dtype)  # never 0 / 0
-        if not engine.is_finite(_rows(X, last), y2d[last], ones):
-            engine.undo_last_step()
+        feed = _batches(train, None, batch_size)
+        if not feed.is_finite(engine, last):
+            feed.undo(engine)
             self._diverged(np.nan, self.n_iter_, None)
 
     def _report_early_stop(self, msg, bar):
@@ -1104,41 +1105,32 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
         """Train one epoch; return its mean loss, or None after a divergence.
 
         ``arrays`` are X, the targets and the sample weights; ``order`` is the
-        epoch's permutation of the rows (None: consecutive slices, zero copy).
-        Shuffled batches are gathered into buffers of one batch, reused: the
-        data is never copied whole. A sparse X always goes through them, each
-        batch densified on its own.
+        epoch's permutation of the rows (None: consecutive slices). Where the rows
+        are is the batches' business (:func:`_batches`): in memory, or partitions
+        on a dask cluster; the loop is the same.
         """
         n_samples = arrays[0].shape[0]
         accumulated = 0.0
         lr = self._schedule.learning_rate
         batches = _slices(n_samples, batch_size)
-        if order is None and sp.issparse(arrays[0]):
-            order = np.arange(n_samples)
-        if order is not None:
-            buffers = [np.empty((batch_size,) + a.shape[1:], dtype=a.dtype) for a in arrays]
+        feed = _batches(arrays, order, batch_size)
         bar = _progress(
             self.verbose >= 2, len(batches), f"epoch {self.n_iter_ + 1}", "batch", leave=False
         )
         try:
             for number, batch in enumerate(batches, 1):
-                if order is None:
-                    feed = [a[batch] for a in arrays]
-                else:
-                    rows = order[batch]
-                    feed = [_rows(a, rows, out=buf[: len(rows)]) for a, buf in zip(arrays, buffers)]
-                if not feed[2].sum():  # weights summing to zero: no loss to follow, no step
-                    if bar is not None:
-                        bar.update(1)
-                    continue
-                batch_loss = engine.train_batch(*feed, lr)
-                if not np.isfinite(batch_loss):
-                    engine.undo_last_step()
+                # the loss of the rows the feed trained on, and their number (None: no
+                # step, the weights summing to zero; no rows: a step still to come)
+                batch_loss, rows = feed.train(engine, batch, lr)
+                if batch_loss is not None and not np.isfinite(batch_loss):
+                    feed.undo(engine)
                     self._diverged(batch_loss, self.n_iter_ + 1, number)
                     return None
-                accumulated += batch_loss * (batch.stop - batch.start)
+                if rows:
+                    accumulated += batch_loss * rows
                 if bar is not None:
-                    bar.set_postfix(loss=f"{batch_loss:.6g}", refresh=False)
+                    if rows:
+                        bar.set_postfix(loss=f"{batch_loss:.6g}", refresh=False)
                     bar.update(1)
         finally:
             if bar is not None:
@@ -1392,6 +1384,58 @@ def _rows(X, index, out=None):
     return np.take(X, index, axis=0, out=out)
 
 
+def _batches(arrays, order, batch_size):
+    """The batches of an epoch: :class:`_MemoryBatches`, or for partitions on a dask
+    cluster their own (``_dask.DaskRows.batches``)."""
+    if _is_rows(arrays[0]):
+        return arrays[0].batches(order)
+    return _MemoryBatches(arrays, order, batch_size)
+
+
+class _MemoryBatches:
+    """Batches of rows in memory: X, the targets and the sample weights.
+
+    ``order`` is the epoch's permutation of the rows (None: consecutive slices, zero
+    copy). Shuffled batches are gathered into buffers of one batch, reused: the data
+    is never copied whole. A sparse X always goes through them, each batch densified
+    on its own.
+    """
+
+    def __init__(self, arrays, order, batch_size):
+        self.arrays = arrays
+        if order is None and sp.issparse(arrays[0]):
+            order = np.arange(arrays[0].shape[0])
+        self.order = order
+        self.buffers = None
+        if order is not None:
+            self.buffers = [np.empty((batch_size,) + a.shape[1:], dtype=a.dtype) for a in arrays]
+
+    def _feed(self, batch):
+        if self.order is None:
+            return [a[batch] for a in self.arrays]
+        rows = self.order[batch]
+        return [_rows(a, rows, out=b[: len(rows)]) for a, b in zip(self.arrays, self.buffers)]
+
+    def train(self, engine, batch, learning_rate):
+        """One step on the rows ``batch`` (a slice of the epoch's order): its loss and
+        rows, or ``(None, 0)`` when their weights sum to zero (no step)."""
+        feed = self._feed(batch)
+        if not feed[2].sum():
+            return None, 0
+        return engine.train_batch(*feed, learning_rate), batch.stop - batch.start
+
+    def undo(self, engine):
+        """Go back to the weights before the last update."""
+        engine.undo_last_step()
+
+    def is_finite(self, engine, rows):
+        """Whether the weights, and the loss on the rows ``rows`` (a slice of the rows
+        as given) with weights of one, are finite."""
+        X, y2d, sample_weight = self.arrays
+        ones = np.ones(rows.stop - rows.start, dtype=sample_weight.dtype)  # never 0 / 0
+        return engine.is_finite(_rows(X, rows), y2d[rows], ones)
+
+
 def _by_chunks(function, X):
     """``function(X)``, or for a sparse X the rows of ``function`` on its dense chunks."""
     if not sp.issparse(X):
@@ -1554,16 +1598,7 @@ class _FullBatchObjective:
         return float(value - self.l1 * extra / self.total_weight)
 
     def _penalty(self, weights):
-        value, grads = 0.0, []
-        for w, penalized in zip(weights, self.penalized):
-            w = w.astype(np.float64)
-            if not penalized or self.alpha == 0:
-                grads.append(np.zeros_like(w))
-                continue
-            r = self.l1_ratio
-            value += self.alpha * ((1 - r) / 2 * np.sum(w * w) + r * np.sum(np.abs(w)))
-            grads.append(self.alpha * ((1 - r) * w + r * np.sign(w)))
-        return value, grads
+        return _penalty_terms(weights, self.penalized, self.alpha, self.l1_ratio)
 
     def __call__(self, x):
         self._x = np.asarray(x, dtype=np.float64)
@@ -1615,6 +1650,20 @@ class _FullBatchObjective:
         negative = c - g[self.split]
         g[self.split] += c
         return loss, np.concatenate([g, negative])
+
+
+def _penalty_terms(weights, penalized, alpha, l1_ratio):
+    """The training graph's penalty ``P`` (:func:`~onnxgrad_sklearn.engine.build_training_graph`)
+    and its gradient for each weight, in float64."""
+    value, grads = 0.0, []
+    for w, p in zip(weights, penalized):
+        w = w.astype(np.float64)
+        if not p or alpha == 0:
+            grads.append(np.zeros_like(w))
+            continue
+        value += alpha * ((1 - l1_ratio) / 2 * np.sum(w * w) + l1_ratio * np.sum(np.abs(w)))
+        grads.append(alpha * ((1 - l1_ratio) * w + l1_ratio * np.sign(w)))
+    return value, grads
 
 
 def _smooth_penalty(penalty):

@@ -3,19 +3,25 @@
 ``fit`` given dask arrays, DataFrames or Series (``_base._fit`` sends them here):
 
 - Without a ``distributed`` client, or for what this version trains in one process
-  (a mini-batch optimizer, ``partial_fit``, a Pipeline template, non-numeric columns,
-  sparse blocks, multilabel targets), the collections are computed into memory and the
-  fit runs as it does on NumPy or pandas data, which an INFO log says.
-- With a client and the full-batch L-BFGS solver, :class:`DaskRows` keeps each
-  partition of X on the worker that holds it, with its blocks of y and of the sample
-  weights moved there, checked and in the training dtype. The shared fit
-  (``_base._fit``, ``_base._run_lbfgs``) takes it in place of X and gets its objective
-  from :meth:`DaskRows.objective`: a :class:`DaskFullBatchObjective`, the loop's
+  (``partial_fit``, a Pipeline template, non-numeric columns, sparse blocks, multilabel
+  targets, early stopping's held-out split, a loss whose rows mix), the collections
+  are computed into memory and the fit runs as it does on NumPy or pandas data, which
+  an INFO log says.
+- Otherwise :class:`DaskRows` keeps each partition of X on the worker that holds it,
+  with its blocks of y and of the sample weights moved there, checked and in the
+  training dtype, and takes the place of X in the shared fit (``_base._fit``). Each
+  worker builds its engines once per fit from bytes sent once, with its ``nthreads``
+  (:data:`_ENGINES`); every round is one task per worker, pinned to it.
+- The full-batch L-BFGS solver (``_base._run_lbfgs``) gets its objective from
+  :meth:`DaskRows.objective`: a :class:`DaskFullBatchObjective`, the loop's
   ``_FullBatchObjective`` whose sums over chunks of rows are made on the workers, one
-  task per worker and evaluation, pinned to it. Each worker builds its training engine
-  once per fit from bytes sent once, with its ``nthreads`` (:data:`_ENGINES`); the
-  client adds the sums in the order of the partitions and chunks, in float64, and
-  applies the penalty as for rows in memory.
+  round per evaluation; the client adds them in the order of the partitions and
+  chunks, in float64, and applies the penalty as for rows in memory.
+- A mini-batch optimizer (``_base._run_epochs``) gets its batches from
+  :meth:`DaskRows.batches` (:class:`_DaskBatches`): each step's batch is the one the
+  fit in memory draws; the workers holding its rows sum the loss and its gradients
+  over them, the client adds the sums and the penalty and makes the update
+  (``TrainingEngine.apply_gradients``): one round per step.
 
 ``predict``, ``predict_proba``, ``predict_log_proba``, ``decision_function`` and
 ``score`` on dask collections (``_base.dask_aware``) run on each block with the
@@ -38,7 +44,7 @@ from collections import Counter, OrderedDict
 
 import numpy as np
 
-from ._base import _CHUNK_VALUES, _as_rows, _FullBatchObjective, _slices
+from ._base import _CHUNK_VALUES, _as_rows, _FullBatchObjective, _penalty_terms, _slices
 
 logger = logging.getLogger("onnxgrad_sklearn")
 
@@ -60,7 +66,8 @@ class DaskWorkerLostError(RuntimeError):
 def fit_dask(est, X, y, sample_weight, incremental, classes, validation):
     """``est._fit`` on dask collections: on the workers, or computed into memory here."""
     client = _get_client()
-    reason = _why_local(est, client, X, y, incremental)
+    given_validation = validation is not None and validation[0] is not None
+    reason = _why_local(est, client, X, y, incremental, given_validation)
     if reason is not None:
         logger.info(
             "%s.fit received dask collections and %s: they are computed into memory and "
@@ -73,8 +80,15 @@ def fit_dask(est, X, y, sample_weight, incremental, classes, validation):
             X, y, sample_weight, *validation = _compute(scheduler, X, y, sample_weight, *validation)
         return est._fit(X, y, sample_weight, incremental, classes, tuple(validation))
     if validation is not None and any(v is not None for v in validation):
-        # the full-batch solver takes no validation set: refused before any work
-        est._validate_validation_data(validation, None, None, _optimizer(est))
+        if _optimizer(est).full_batch:  # it takes no validation set: refused before any work
+            est._validate_validation_data(validation, None, None, _optimizer(est))
+        if any(_lazy(v) for v in validation):  # scored here at each epoch
+            logger.info(
+                "%s.fit: the validation set is computed into memory, and scored here at "
+                "each epoch.",
+                type(est).__name__,
+            )
+            validation = _compute(client, *validation)
     with _client_context(client) as client:
         _check_workers(client)
         rows = DaskRows(client, X)
@@ -135,7 +149,7 @@ def _optimizer(est):
     return est._solver(final_estimator(template), False)
 
 
-def _why_local(est, client, X, y, incremental):
+def _why_local(est, client, X, y, incremental, given_validation=False):
     """Why these collections are trained in this process (None: on the workers)."""
     from dask.base import is_dask_collection
     from sklearn.base import is_classifier
@@ -152,10 +166,16 @@ def _why_local(est, client, X, y, incremental):
         return "X is in memory"
     optimizer = _optimizer(est)
     if not optimizer.full_batch:
-        return (
-            f"the optimizer {type(optimizer).__name__} takes mini-batches (in this version "
-            "only the full-batch L-BFGS solver trains on the workers)"
-        )
+        from ._callbacks import holds_out_validation
+
+        if not given_validation and (est.early_stopping or holds_out_validation(est)):
+            return (
+                "early stopping holds out a validation split of the rows (in this version "
+                "a mini-batch fit on the workers takes a validation set given as X_val and "
+                "y_val instead)"
+            )
+        if not getattr(est.loss, "rowwise", True):
+            return f"the loss {type(est.loss).__name__} mixes the rows of a batch"
     template = est._template()
     if isinstance(template, Pipeline) and len(template.steps) > 1:
         return "the template is a Pipeline (in this version its preprocessing runs here)"
@@ -169,6 +189,13 @@ def _why_local(est, client, X, y, incremental):
     if is_classifier(est) and _width(y) not in (None, 1):
         return "y is a label indicator matrix (multilabel)"
     return None
+
+
+def _batch_size(batch_size, n_samples) -> int:
+    """``est._batch_size(n_samples)`` without its warning (the loop gives it)."""
+    if batch_size == "auto":
+        return min(200, n_samples)
+    return int(np.clip(batch_size, 1, n_samples))
 
 
 def _kind(v) -> str:
@@ -273,6 +300,8 @@ class DaskRows:
         self.payloads = {}  # stage -> [bytes, future]: what the workers build engines from
         self.rounds = 0
         self.tasks = Counter()  # worker address -> tasks run
+        self.offsets = np.zeros(1, dtype=np.int64)
+        self.epochs = None  # what the mini-batch rounds need (start_epochs)
         self.shape = (0, 0)
         self.dtype = None
         self.total_weight = 0.0
@@ -369,6 +398,9 @@ class DaskRows:
         kept = [i for i, s in enumerate(stats) if s[0]]  # empty partitions take no part
         self.parts = [parts[i] for i in kept]
         self.index = kept
+        # the training rows are the partitions' end to end: row r of the fit is row
+        # r - offsets[k] of partition k
+        self.offsets = np.cumsum([0] + [stats[i][0] for i in kept])
         self.total_weight = float(sum(s[1] for s in stats))
         self._place()
         self.shape = (n_samples, n_features)
@@ -439,6 +471,22 @@ class DaskRows:
         """The full-batch objective of these rows (see ``_base._full_batch_objective``)."""
         return DaskFullBatchObjective(self, est, loss, engine, penalized, alpha, l1_ratio, l1=l1)
 
+    def start_epochs(self, est, loss, engine):
+        """Set up the mini-batch rounds of ``est``'s fit: the workers' engines compute
+        the sums of the loss and its gradients without the penalty, which the client
+        adds (``engine``: the client's, which applies the updates)."""
+        alpha, l1_ratio = est._penalty
+        self.epochs = {
+            "stage": self.register(_engine_payload(est, loss, engine, (0.0, 0.0))),
+            "penalty": (est._penalized_mask(), alpha, l1_ratio),
+            "batch_size": _batch_size(est.batch_size, self.shape[0]),
+            "previous": None,  # what undoes the last update
+        }
+
+    def batches(self, order):
+        """The batches of an epoch in ``order`` (``_base._batches``)."""
+        return _DaskBatches(self, order)
+
     def register(self, payload: bytes):
         """Send what a worker builds an engine from, once per worker; return its stage."""
         stage = len(self.payloads)
@@ -450,11 +498,19 @@ class DaskRows:
             payload, workers=sorted(self.placement), broadcast=True, hash=False
         )
 
-    def sums(self, stage, weights):
+    def sums(self, stage, weights, rows=None, ones=False):
         """``(loss * weight, [gradient * weight])`` of every chunk of rows with a non-zero
-        weight, made on the workers at ``weights``, in the order of the partitions."""
+        weight, made on the workers at ``weights``, in the order of the partitions.
+
+        With ``rows`` (positions of the rows of a batch), each worker's ``(weight,
+        loss * weight, [gradient * weight])`` over its rows of the batch, or None for
+        weights summing to zero, in the order of the workers.
+        """
         started = time.perf_counter()
-        results = self._round(stage, weights)
+        results = self._round(stage, weights, rows, ones)
+        if rows is not None:
+            self.rounds += 1
+            return results
         items = sorted(itertools.chain.from_iterable(results), key=lambda item: item[0])
         self.rounds += 1
         logger.debug(
@@ -466,8 +522,14 @@ class DaskRows:
         )
         return [(loss, grads) for _, loss, grads in items]
 
-    def _round(self, stage, weights):
-        """One task per worker holding partitions, pinned to it; their results."""
+    def _round(self, stage, weights, rows=None, ones=False):
+        """One task per worker holding partitions, pinned to it; their results.
+
+        ``rows``: the positions of the rows of a batch (None: every row, each worker
+        its chunks' sums, :func:`_evaluate`); each worker then sums over its rows of
+        the batch (:func:`_batch_sums`), with weights of one if ``ones``. Workers
+        without rows in the batch take no part.
+        """
         client = self.client
         weights = [np.ascontiguousarray(w) for w in weights]
         for attempt in itertools.count():
@@ -477,19 +539,24 @@ class DaskRows:
                 data = client.scatter(
                     [weights], workers=sorted(self.placement), broadcast=True, hash=False
                 )[0]
+            if rows is None:
+                tasks = {
+                    address: (_evaluate, payload, self.fit_id, stage, data)
+                    + tuple(self.parts[k] for k in ks)
+                    for address, ks in self.placement.items()
+                }
+            else:
+                size = self.epochs["batch_size"]
+                tasks = {
+                    address: (_batch_sums, payload, self.fit_id, stage, data, picks, size, ones)
+                    + tuple(self.parts[k] for k in picks)
+                    for address, picks in self._picks(rows).items()
+                }
             futures = {
                 address: client.submit(
-                    _evaluate,
-                    payload,
-                    self.fit_id,
-                    stage,
-                    data,
-                    *[self.parts[k] for k in ks],
-                    workers=[address],
-                    allow_other_workers=False,
-                    pure=False,
+                    *task, workers=[address], allow_other_workers=False, pure=False
                 )
-                for address, ks in sorted(self.placement.items())
+                for address, task in sorted(tasks.items())
             }
             try:
                 results = self._gather(futures)
@@ -524,6 +591,16 @@ class DaskRows:
                 if gone:
                     raise _WorkersLost(gone) from None
                 raise
+
+    def _picks(self, rows):
+        """``{worker: {partition position: its row numbers}}`` of the fit's rows ``rows``."""
+        part = np.searchsorted(self.offsets, rows, side="right") - 1
+        local = rows - self.offsets[part]
+        where = {k: a for a, ks in self.placement.items() for k in ks}
+        picks = {}
+        for k in np.unique(part):
+            picks.setdefault(where[int(k)], {})[int(k)] = local[part == k]
+        return picks
 
     def _lost_parts(self, addresses):
         return sorted(self.index[k] for a in addresses for k in self.placement.get(a, ()))
@@ -600,7 +677,7 @@ class DaskRows:
         self.parts, self.payloads = [], {}
         if self.rounds:
             logger.info(
-                "L-BFGS on the dask cluster: %d evaluations; tasks per worker: %s",
+                "fit on the dask cluster: %d rounds; tasks per worker: %s",
                 self.rounds,
                 ", ".join(f"{a}: {n}" for a, n in sorted(self.tasks.items())),
             )
@@ -627,6 +704,59 @@ class _RowsView:
         if axis != 0 or out is not None or kwargs or self.ndim != 2:
             raise NotImplementedError("only np.std(y2d, axis=0) of rows on a dask cluster")
         return self.rows.target_std(ddof)
+
+
+class _DaskBatches:
+    """The batches of one epoch on a dask cluster: synchronous data parallel.
+
+    Each step's batch is the one the fit in memory draws (rows ``order[batch]`` of the
+    training rows, the partitions end to end); the workers holding its rows sum the
+    loss and its gradients over them, the client adds the sums in float64 in the
+    workers' order, adds the penalty, divides by the batch's weight and makes one
+    update: one round per step.
+    """
+
+    def __init__(self, rows, order):
+        self.rows, self.order = rows, order
+
+    def _sums(self, engine, batch, ones=False):
+        """The batch's loss and gradients at the current weights (None: weights sum to 0)."""
+        rows = self.rows
+        positions = np.arange(batch.start, batch.stop) if self.order is None else self.order[batch]
+        weights = engine.get_weights()
+        found = [r for r in rows.sums(rows.epochs["stage"], weights, positions, ones) if r]
+        total = sum(r[0] for r in found)
+        if total == 0:
+            return None
+        loss = sum(r[1] for r in found)
+        grads = [np.zeros(w.shape) for w in weights]
+        for r in found:
+            for acc, g in zip(grads, r[2]):
+                acc += g
+        penalty, penalty_grads = _penalty_terms(weights, *rows.epochs["penalty"])
+        loss = (loss + penalty) / total
+        return loss, [(g + p) / total for g, p in zip(grads, penalty_grads)]
+
+    def train(self, engine, batch, learning_rate):
+        """One synchronous step (``_base._MemoryBatches.train``)."""
+        found = self._sums(engine, batch)
+        if found is None:
+            return None, 0
+        loss, grads = found
+        if np.isfinite(loss):
+            self.rows.epochs["previous"] = engine.apply_gradients(grads, learning_rate)
+        return float(loss), batch.stop - batch.start
+
+    def undo(self, engine):
+        previous, self.rows.epochs["previous"] = self.rows.epochs["previous"], None
+        if previous is not None:
+            engine.restore(previous)
+
+    def is_finite(self, engine, rows):
+        if not engine.weights_finite():
+            return False
+        found = self._sums(engine, rows, ones=True)
+        return found is None or bool(np.isfinite(found[0]))
 
 
 class DaskFullBatchObjective(_FullBatchObjective):
@@ -825,6 +955,33 @@ def _evaluate(payload, fit_id, stage, weights, *parts):
             out.append(((part.index, c), float(loss), [np.asarray(g, np.float64) for g in grads]))
     _SERVED[fit_id] += 1
     return out
+
+
+def _batch_sums(payload, fit_id, stage, weights, picks, size, ones, *parts):
+    """``(weight, loss * weight, [gradient * weight in float64])`` of this worker's rows
+    of a batch (``picks``: row numbers in each of ``parts``), or None for weights
+    summing to zero; ``ones``: weights of one. The rows are padded with rows of weight
+    zero to a multiple of an eighth of the batch ``size``: a standard-backend engine
+    then makes few graphs (one per number of rows)."""
+    engine = _engine(payload, fit_id, stage)
+    taken = [(p.X[i], p.y[i], p.sw[i]) for p, i in zip(parts, picks.values())]
+    X, y, sw = (np.concatenate(a) if len(taken) > 1 else a[0] for a in zip(*taken))
+    if ones:
+        sw = np.ones_like(sw)
+    weight = float(np.sum(sw, dtype=np.float64))
+    if weight == 0:
+        return None
+    step = max(1, -(-size // 8))
+    n = X.shape[0]
+    padded = -(-n // step) * step
+    if padded > n:
+        X = np.concatenate([X, np.repeat(X[:1], padded - n, axis=0)])
+        y = np.concatenate([y, np.repeat(y[:1], padded - n, axis=0)])
+        sw = np.concatenate([sw, np.zeros(padded - n, sw.dtype)])
+    engine.set_weights(weights)
+    loss, grads = engine.loss_and_gradients(X, y, sw)
+    _SERVED[fit_id] += 1
+    return weight, float(loss) * weight, [np.asarray(g, np.float64) * weight for g in grads]
 
 
 def _forget(fit_id):

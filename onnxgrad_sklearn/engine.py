@@ -362,6 +362,23 @@ class TrainingEngine:
         """
         return self._backend.train_batch(X, y, sample_weight, learning_rate)
 
+    def apply_gradients(self, gradients: Sequence[np.ndarray], learning_rate: float):
+        """Update the weights with gradients computed elsewhere; return what
+        :meth:`restore` takes to undo it.
+
+        One step of the optimizer, as :meth:`train_batch` makes after its backward
+        pass: the data-parallel fit on a dask cluster sums the gradients of a batch
+        over the workers and updates the weights here.
+
+        Parameters
+        ----------
+        gradients : list of ndarray
+            The gradient of the loss for each trained weight.
+        learning_rate : float
+            Current learning rate of the schedule.
+        """
+        return self._backend.apply_gradients(gradients, learning_rate)
+
     def checkpoint(self):
         """Return the current weights and optimizer state (for :meth:`restore`)."""
         return self._backend.checkpoint()

@@ -21,7 +21,10 @@ dd = pytest.importorskip("dask.dataframe")
 distributed = pytest.importorskip("distributed")
 pd = pytest.importorskip("pandas")
 
+from _helpers import BACKENDS  # noqa: E402
+from sklearn.exceptions import ConvergenceWarning  # noqa: E402
 from sklearn.linear_model import LogisticRegression, PoissonRegressor  # noqa: E402
+from sklearn.neural_network import MLPClassifier, MLPRegressor  # noqa: E402
 
 import onnxgrad_sklearn  # noqa: E402
 from onnxgrad_sklearn import OrtGradientClassifier, OrtGradientRegressor, _dask  # noqa: E402
@@ -209,16 +212,95 @@ def test_predict_on_dask_collections(client):
     assert est.score(Xd, da.from_array(y, chunks=500)) == pytest.approx(est.score(X, y), abs=1e-12)
 
 
-def test_mini_batch_optimizers_train_here(client, caplog):
+def mlp_weights(est):
+    final = est.estimator_
+    return np.concatenate([np.ravel(w) for w in [*final.coefs_, *final.intercepts_]])
+
+
+def diabetes():
+    from sklearn.datasets import load_diabetes
+
+    X, y = load_diabetes(return_X_y=True)
+    X = ((X - X.mean(axis=0)) / X.std(axis=0)).astype(np.float32)
+    return X, (y - y.mean()) / y.std()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sync_every_1_adam_matches_one_machine(client, backend):
+    """Each step's batch is the one the fit in memory draws, its sums made where its
+    rows are: the weights and the loss curve of the one-machine fit."""
+    X, y = diabetes()
+    params = dict(optimizer="adam", max_iter=3, batch_size=32, random_state=0, backend=backend)
+    template = MLPRegressor(hidden_layer_sizes=(16,), alpha=0.1)
+    before = served(client)
+    with pytest.warns(ConvergenceWarning):
+        got = OrtGradientRegressor(template, **params).fit(
+            da.from_array(X, chunks=150), da.from_array(y, chunks=150)
+        )
+    after = served(client)
+    with pytest.warns(ConvergenceWarning):
+        expected = OrtGradientRegressor(template, **params).fit(X, y)
+    assert got.n_iter_ == expected.n_iter_ == 3
+    np.testing.assert_allclose(got.loss_curve_, expected.loss_curve_, rtol=1e-5)
+    np.testing.assert_allclose(mlp_weights(got), mlp_weights(expected), rtol=1e-4, atol=1e-5)
+    # 14 batches an epoch: both workers served rounds
+    assert all(after[a] > before.get(a, 0) for a in after), (before, after)
+    np.testing.assert_allclose(got.predict(X), expected.predict(X), rtol=1e-4, atol=1e-5)
+
+
+def test_sync_every_1_nesterov_classifier_with_weights(client):
+    X, y = binary_data(900, 6, seed=4)
+    y = y + (X[:, 0] > 1)  # three classes
+    w = np.random.RandomState(0).uniform(0.2, 2.0, len(y))
+    params = dict(optimizer="nesterov", max_iter=3, batch_size=64, random_state=1)
+    template = MLPClassifier(hidden_layer_sizes=(8,), learning_rate_init=0.05)
+    with pytest.warns(ConvergenceWarning):
+        got = OrtGradientClassifier(template, **params).fit(
+            da.from_array(X, chunks=200), da.from_array(y, chunks=200), da.from_array(w, chunks=200)
+        )
+    with pytest.warns(ConvergenceWarning):
+        expected = OrtGradientClassifier(template, **params).fit(X, y, w)
+    np.testing.assert_array_equal(got.classes_, expected.classes_)
+    np.testing.assert_allclose(got.loss_curve_, expected.loss_curve_, rtol=1e-5)
+    np.testing.assert_allclose(mlp_weights(got), mlp_weights(expected), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        got.predict_proba(X), expected.predict_proba(X), rtol=1e-4, atol=1e-6
+    )
+
+
+def test_sync_every_1_early_stopping_on_a_given_validation_set(client):
+    X, y = diabetes()
+    params = dict(
+        optimizer="adam",
+        max_iter=30,
+        early_stopping=True,
+        tol=0.05,
+        n_iter_no_change=2,
+        random_state=0,
+    )
+    template = MLPRegressor(hidden_layer_sizes=(8,))
+    X_val, y_val = X[:60], y[:60]
+    got = OrtGradientRegressor(template, **params).fit(
+        da.from_array(X, chunks=150),
+        da.from_array(y, chunks=150),
+        X_val=da.from_array(X_val, chunks=30),
+        y_val=y_val,
+    )
+    expected = OrtGradientRegressor(template, **params).fit(X, y, X_val=X_val, y_val=y_val)
+    assert got.n_iter_ == expected.n_iter_ < 30  # stopped early, at the same epoch
+    np.testing.assert_allclose(got.validation_scores_, expected.validation_scores_, rtol=1e-4)
+    np.testing.assert_allclose(mlp_weights(got), mlp_weights(expected), rtol=1e-4, atol=1e-5)
+
+
+def test_early_stopping_split_trains_here(client, caplog):
     X, y = binary_data(600, 4)
     Xd, yd = da.from_array(X, chunks=200), da.from_array(y, chunks=200)
-    est = OrtGradientClassifier(LogisticRegression(), optimizer="adam", max_iter=3, random_state=0)
+    params = dict(optimizer="adam", max_iter=3, random_state=0, early_stopping=True)
+    est = OrtGradientClassifier(LogisticRegression(), **params)
     with caplog.at_level(logging.INFO, logger="onnxgrad_sklearn"), pytest.warns(Warning):
         got = est.fit(Xd, yd)
-    assert "mini-batches" in caplog.text and "computed into memory" in caplog.text
-    expected = OrtGradientClassifier(
-        LogisticRegression(), optimizer="adam", max_iter=3, random_state=0
-    )
+    assert "holds out a validation split" in caplog.text and "computed into memory" in caplog.text
+    expected = OrtGradientClassifier(LogisticRegression(), **params)
     with pytest.warns(Warning):
         expected.fit(X, y)
     np.testing.assert_array_equal(weights_of(got), weights_of(expected))

@@ -29,6 +29,7 @@ from .._passes import differentiated_nodes, initializers_as_inputs
 from ..runtime import (
     OrtValue,
     device_to_providers,
+    make_session,
     ortvalue_view,
     release_model_bytes,
     run_with_ortvalues,
@@ -484,6 +485,33 @@ class Backend:
         feeds = [self._feed(X)] + list(self.weights)
         out = run_with_ortvalues(self._predict, names, feeds, [self.output_name])
         return out[0].numpy().copy()
+
+    def apply_gradients(self, gradients, learning_rate: float):
+        """Update the weights with gradients computed elsewhere (a dask cluster's sums).
+
+        Runs the optimizer's update graph, as :meth:`train_batch` does after its
+        backward pass, on the current weights and state and ``gradients`` (one array
+        per trained weight, cast to the training dtype). The update session is made at
+        the first call. Returns what :meth:`restore` takes to undo the update.
+        """
+        previous = self.checkpoint()
+        if getattr(self, "_apply_session", None) is None:
+            model = self.optimizer.build_update_model(self.shapes, dtype=self.dtype)
+            self._apply_session = make_session(model, self.update_options, ["CPUExecutionProvider"])
+            self._apply_names = [i.name for i in self._apply_session.get_inputs()]
+        names = self.optimizer.state_names
+        feeds = [np.array(self.optimizer.step_learning_rate(learning_rate, self.step + 1))]
+        for w, g, st in zip(self.get_weights(), gradients, self._state_arrays()):
+            feeds.extend([w, np.asarray(g).reshape(w.shape), *st])
+        feeds = {
+            n: np.ascontiguousarray(v, dtype=self.dtype) for n, v in zip(self._apply_names, feeds)
+        }
+        out = self._apply_session.run(None, feeds)
+        k = 1 + len(names)
+        self.set_weights(out[::k])
+        self._load_state([out[i * k + 1 : (i + 1) * k] for i in range(len(self.shapes))])
+        self.step = previous[2] + 1
+        return previous
 
 
 def warn_zero_derivatives(training: onnx.ModelProto, weight_names: Sequence[str]) -> None:
