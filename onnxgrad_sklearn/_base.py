@@ -106,6 +106,7 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
             Interval(numbers.Integral, None, -1, closed="right"),
             None,
         ],
+        "sync_every": [Interval(numbers.Integral, 1, None, closed="left")],
     }
 
     def __init__(
@@ -134,6 +135,7 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
         backend="auto",
         dtype="float32",
         n_jobs=None,
+        sync_every=1,
     ):
         self.estimator = estimator
         self.loss = loss
@@ -158,6 +160,7 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
         self.backend = backend
         self.dtype = dtype
         self.n_jobs = n_jobs
+        self.sync_every = sync_every
 
     def _stochastic(self):
         """Whether ``partial_fit`` is available: not with a full-batch optimizer."""

@@ -301,6 +301,7 @@ class DaskRows:
         self.rounds = 0
         self.tasks = Counter()  # worker address -> tasks run
         self.offsets = np.zeros(1, dtype=np.int64)
+        self.moves = 0  # placements made (one more after a worker left)
         self.epochs = None  # what the mini-batch rounds need (start_epochs)
         self.shape = (0, 0)
         self.dtype = None
@@ -465,6 +466,7 @@ class DaskRows:
             where = sorted(a for a in holders.get(f.key, ()) if alive is None or a in alive)
             placement.setdefault(where[0], []).append(k)
         self.placement = placement
+        self.moves += 1
 
     # the objective -----------------------------------------------------------
     def objective(self, est, loss, engine, penalized, alpha, l1_ratio, l1=0.0):
@@ -481,10 +483,17 @@ class DaskRows:
             "penalty": (est._penalized_mask(), alpha, l1_ratio),
             "batch_size": _batch_size(est.batch_size, self.shape[0]),
             "previous": None,  # what undoes the last update
+            "sync_every": est.sync_every,
         }
+        if est.sync_every > 1:  # local steps: the workers' engines train
+            self.epochs["local"] = self.register(
+                _engine_payload(est, loss, engine, est._penalty, engine.optimizer)
+            )
 
     def batches(self, order):
         """The batches of an epoch in ``order`` (``_base._batches``)."""
+        if self.epochs["sync_every"] > 1:
+            return _LocalBatches(self, order)
         return _DaskBatches(self, order)
 
     def register(self, payload: bytes):
@@ -522,13 +531,16 @@ class DaskRows:
         )
         return [(loss, grads) for _, loss, grads in items]
 
-    def _round(self, stage, weights, rows=None, ones=False):
-        """One task per worker holding partitions, pinned to it; their results.
+    def _round(self, stage, weights, rows=None, ones=False, plan=None):
+        """One task per worker holding partitions, pinned to it; their results, in the
+        order of the workers' addresses.
 
         ``rows``: the positions of the rows of a batch (None: every row, each worker
         its chunks' sums, :func:`_evaluate`); each worker then sums over its rows of
         the batch (:func:`_batch_sums`), with weights of one if ``ones``. Workers
-        without rows in the batch take no part.
+        without rows in the batch take no part. ``plan``: a callable giving, for the
+        current placement, ``{worker: (function, *arguments, *partitions)}`` of a
+        round of local steps (``weights`` then holds the weights and the state).
         """
         client = self.client
         weights = [np.ascontiguousarray(w) for w in weights]
@@ -539,7 +551,9 @@ class DaskRows:
                 data = client.scatter(
                     [weights], workers=sorted(self.placement), broadcast=True, hash=False
                 )[0]
-            if rows is None:
+            if plan is not None:
+                tasks = plan(payload, data)
+            elif rows is None:
                 tasks = {
                     address: (_evaluate, payload, self.fit_id, stage, data)
                     + tuple(self.parts[k] for k in ks)
@@ -759,6 +773,120 @@ class _DaskBatches:
         return found is None or bool(np.isfinite(found[0]))
 
 
+class _LocalBatches(_DaskBatches):
+    """The batches of one epoch on a dask cluster: local SGD (``sync_every=k > 1``).
+
+    An epoch has as many steps as the fit in memory, ``S = ceil(n / batch_size)``.
+    Each worker takes its own rows in the epoch's order and cuts them into ``S``
+    batches of near-equal sizes (its share of ``batch_size``). A round runs ``k``
+    steps on every worker from the same weights and optimizer state (the penalty
+    scaled by the worker's share of the rows, so that it weighs in each local batch
+    as in a batch of the fit in memory); the weights and the state are then averaged,
+    weighted by the rows each worker trained on. The loss of an epoch is the
+    row-weighted mean of the workers' batch losses.
+    """
+
+    def __init__(self, rows, order):
+        super().__init__(rows, order)
+        n = rows.shape[0]
+        self.n_steps = -(-n // rows.epochs["batch_size"])
+        self.done = 0  # steps of the epoch made
+        self.pending = 0  # steps asked for since the last round
+        self.moves = None  # the placement the plan is made for
+
+    def _plan(self):
+        """Each worker's rows in the epoch's order, and where its batches start."""
+        rows = self.rows
+        positions = np.arange(rows.shape[0]) if self.order is None else self.order
+        part = np.searchsorted(rows.offsets, positions, side="right") - 1
+        owner = np.empty(len(rows.parts), dtype=np.int64)
+        addresses = sorted(rows.placement)
+        for i, a in enumerate(addresses):
+            owner[rows.placement[a]] = i
+        self.mine = {}
+        for i, a in enumerate(addresses):
+            taken = owner[part] == i
+            own_part = part[taken]
+            local = positions[taken] - rows.offsets[own_part]
+            bounds = np.round(np.linspace(0, len(local), self.n_steps + 1)).astype(np.int64)
+            self.mine[a] = (own_part, local, bounds)
+        self.moves = rows.moves
+
+    def _tasks(self, first, last, step, learning_rate, payload, data):
+        """``{worker: task}`` of the steps ``first`` to ``last`` (excluded)."""
+        if self.moves != self.rows.moves:  # a worker left: the rows are elsewhere now
+            self._plan()
+        rows, n = self.rows, self.rows.shape[0]
+        tasks = {}
+        for a, (own_part, local, bounds) in self.mine.items():
+            steps = []
+            for s in range(first, last):
+                cut = slice(bounds[s], bounds[s + 1])
+                picks = {}
+                for k in np.unique(own_part[cut]):
+                    picks[int(k)] = local[cut][own_part[cut] == k]
+                steps.append(picks)
+            keys = sorted({k for picks in steps for k in picks})
+            if not keys:
+                continue
+            scale = len(local) / n
+            tasks[a] = (
+                _local_steps,
+                payload,
+                rows.fit_id,
+                rows.epochs["local"],
+                scale,
+                data,
+                step,
+                learning_rate,
+                keys,
+                steps,
+                *[rows.parts[k] for k in keys],
+            )
+        return tasks
+
+    def train(self, engine, batch, learning_rate):
+        """Steps are run ``sync_every`` at a time, the last round of an epoch shorter:
+        ``(None, 0)`` until a round is due, then its mean loss and rows."""
+        if self.moves is None:
+            self._plan()
+        self.pending += 1
+        if self.pending < self.rows.epochs["sync_every"] and batch.stop < self.rows.shape[0]:
+            return None, 0
+        first, last = self.done, self.done + self.pending
+        self.done, self.pending = last, 0
+        state = engine.get_state()
+        sent = engine.get_weights() + [s for st in state["state"] for s in st]
+
+        def plan(payload, data):
+            return self._tasks(first, last, state["step"], learning_rate, payload, data)
+
+        rows = self.rows
+        results = [r for r in rows._round(rows.epochs["local"], sent, plan=plan) if r[0]]
+        rows.rounds += 1
+        if not results:
+            return None, 0
+        trained = sum(r[0] for r in results)
+        loss = sum(r[1] for r in results) / trained
+        if not np.isfinite(loss):  # the round is not applied: nothing to undo
+            rows.epochs["previous"] = None
+            return loss, trained
+        shares = [r[0] / trained for r in results]
+
+        def mean(values):
+            return (
+                sum(share * np.asarray(v, np.float64) for share, v in zip(shares, values))
+            ).astype(engine.dtype)
+
+        weights = [mean(ws) for ws in zip(*[r[2] for r in results])]
+        states = [[mean(vs) for vs in zip(*per)] for per in zip(*[r[3] for r in results])]
+        previous = engine.checkpoint()
+        engine.set_weights(weights)
+        engine.set_state(dict(state, step=state["step"] + last - first, state=states))
+        rows.epochs["previous"] = previous
+        return float(loss), trained
+
+
 class DaskFullBatchObjective(_FullBatchObjective):
     """``_FullBatchObjective`` of rows on a dask cluster: the same penalty and L1
     bookkeeping (its methods), the sums of the chunks made on the workers."""
@@ -779,7 +907,7 @@ class DaskFullBatchObjective(_FullBatchObjective):
         return self._combine(weights, self.rows.sums(self.stage, weights))
 
 
-def _engine_payload(est, loss, engine, penalty) -> bytes:
+def _engine_payload(est, loss, engine, penalty, optimizer=None) -> bytes:
     """What a worker builds the engine from: the estimator's engine recipe (its
     ``_new_engine`` reads the converted model, the trained outputs, the classes, the
     device, the backend), the loss and the penalty, as bytes."""
@@ -802,7 +930,7 @@ def _engine_payload(est, loss, engine, penalty) -> bytes:
         conv.model = conv.with_values(values)
         state["_converted"] = conv
     shell.__dict__.update(state)
-    return cloudpickle.dumps((shell, loss, tuple(penalty)))
+    return cloudpickle.dumps((shell, loss, tuple(penalty), optimizer))
 
 
 # on the workers ----------------------------------------------------------------
@@ -924,19 +1052,20 @@ def _worker_threads() -> int:
     return int(getattr(state, "nthreads", None) or worker.nthreads)
 
 
-def _engine(payload, fit_id, stage):
-    """The engine of this fit and stage in this worker process, built on first use."""
+def _engine(payload, fit_id, stage, scale=1.0):
+    """The engine of this fit and stage in this worker process, built on first use
+    (``scale``: of the penalty's strength)."""
     import pickle
 
     from .optim import SGD
 
-    key = (fit_id, stage)
+    key = (fit_id, stage, scale)
     with _ENGINES_LOCK:
         engine = _ENGINES.get(key)
     if engine is None:
-        shell, loss, penalty = pickle.loads(payload)
+        shell, loss, (alpha, l1_ratio), optimizer = pickle.loads(payload)
         shell._intra_op_threads = _worker_threads()  # the worker's threads
-        engine = shell._new_engine(loss, SGD(), penalty)
+        engine = shell._new_engine(loss, optimizer or SGD(), (alpha * scale, l1_ratio))
         with _ENGINES_LOCK:
             _ENGINES[key] = engine
             while len(_ENGINES) > _MAX_ENGINES:
@@ -982,6 +1111,38 @@ def _batch_sums(payload, fit_id, stage, weights, picks, size, ones, *parts):
     loss, grads = engine.loss_and_gradients(X, y, sw)
     _SERVED[fit_id] += 1
     return weight, float(loss) * weight, [np.asarray(g, np.float64) * weight for g in grads]
+
+
+def _local_steps(payload, fit_id, stage, scale, sent, step, learning_rate, keys, steps, *parts):
+    """Train from the weights and optimizer state ``sent`` on this worker's batches
+    ``steps`` (each ``{partition: row numbers}``); returns the rows trained on, the sum
+    of the batch losses times their rows, the weights and the state, or the first
+    non-finite loss (no more steps)."""
+    engine = _engine(payload, fit_id, stage, scale)
+    n_weights = len(engine.shapes)
+    n_state = len(engine.optimizer.state_names)
+    engine.set_weights(sent[:n_weights])
+    state = engine.get_state()
+    flat = sent[n_weights:]
+    state["state"] = [flat[i * n_state : (i + 1) * n_state] for i in range(n_weights)]
+    state["step"] = step  # the fit's updates so far (Adam's bias correction reads it)
+    engine.set_state(state)
+    by_key = dict(zip(keys, parts))
+    trained, total = 0, 0.0
+    for picks in steps:
+        taken = [(by_key[k].X[i], by_key[k].y[i], by_key[k].sw[i]) for k, i in picks.items()]
+        if not taken:
+            continue
+        X, y, sw = (np.ascontiguousarray(np.concatenate(a)) for a in zip(*taken))
+        if not np.any(sw):
+            continue
+        loss = engine.train_batch(X, y, sw, learning_rate)
+        if not np.isfinite(loss):
+            return max(trained, 1), loss, [], []
+        trained += X.shape[0]
+        total += loss * X.shape[0]
+    _SERVED[fit_id] += 1
+    return trained, total, engine.get_weights(), engine.get_state()["state"]
 
 
 def _forget(fit_id):

@@ -157,6 +157,14 @@ BaseOptimizer, default="auto"
         one thread inside a joblib thread worker. So a parallel search does not
         oversubscribe the CPUs. A positive number: that many threads. ``-1``:
         every CPU (within the limit), ``-2`` all but one, as in joblib.
+    sync_every : int, default=1
+        Only for a mini-batch fit on a dask cluster (docs/dask.md): with 1, each
+        step's batch is summed where its rows are and makes one update, the
+        weights of the fit in one process; with ``k > 1`` (local SGD), each worker
+        makes ``k`` steps on its own rows (a share of ``batch_size`` in proportion
+        to its rows), then the weights and the optimizer state are averaged,
+        weighted by rows: ``k`` times fewer rounds, approximate. Data in memory
+        ignores it.
 """
 
 _CLASS_WEIGHT = """

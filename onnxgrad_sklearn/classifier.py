@@ -132,6 +132,7 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         backend="auto",
         dtype="float32",
         n_jobs=None,
+        sync_every=1,
         class_weight=None,
     ):
         super().__init__(
@@ -158,6 +159,7 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
             backend=backend,
             dtype=dtype,
             n_jobs=n_jobs,
+            sync_every=sync_every,
         )
         self.class_weight = class_weight
 
