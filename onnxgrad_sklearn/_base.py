@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import logging
@@ -596,6 +597,10 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
         random_state = check_random_state(self.random_state)
         n_outputs = self._n_model_outputs(y2d)
         head = self.__dict__.pop("_fitted_head", None)  # raw columns: X is the head's output
+        fitted_head = self.__dict__.pop("_cluster_head", None)  # fitted on a dask cluster
+        if fitted_head is not None:
+            template = copy.copy(template)
+            template.steps = [*fitted_head.steps, template.steps[-1]]
         est, fine_tuned = prepare_template(
             template if head is None else final_estimator(template), X, n_outputs, random_state
         )

@@ -45,6 +45,7 @@ from collections import Counter, OrderedDict
 import numpy as np
 
 from ._base import _CHUNK_VALUES, _as_rows, _FullBatchObjective, _penalty_terms, _slices
+from ._dask_head import _sample
 
 logger = logging.getLogger("onnxgrad_sklearn")
 
@@ -153,7 +154,6 @@ def _why_local(est, client, X, y, incremental, given_validation=False):
     """Why these collections are trained in this process (None: on the workers)."""
     from dask.base import is_dask_collection
     from sklearn.base import is_classifier
-    from sklearn.pipeline import Pipeline
 
     if client is None:
         return (
@@ -176,11 +176,11 @@ def _why_local(est, client, X, y, incremental, given_validation=False):
             )
         if not getattr(est.loss, "rowwise", True):
             return f"the loss {type(est.loss).__name__} mixes the rows of a batch"
+    from ._frames import needs_raw_columns
+
     template = est._template()
-    if isinstance(template, Pipeline) and len(template.steps) > 1:
-        return "the template is a Pipeline (in this version its preprocessing runs here)"
     kind = _kind(X)
-    if kind == "frame" and not _numeric_frame(X):
+    if kind == "frame" and not _numeric_frame(X) and not needs_raw_columns(template, X._meta):
         return "X has non-numeric columns"
     if kind == "series" or (kind == "array" and X.ndim != 2):
         return "X is not 2-D"
@@ -309,12 +309,21 @@ class DaskRows:
 
     ndim = 2
 
+    def __getitem__(self, index):
+        """The first rows (``X[:n]``), as the model takes them: what reads a width."""
+        if not (isinstance(index, slice) and not index.start and index.step in (None, 1)):
+            raise TypeError("the rows of a fit on a dask cluster are on its workers")
+        return self.client.submit(_first_rows, self.parts[0], index.stop or 0).result()
+
     def training_dtype(self, asked):
         """The training dtype: ``asked``, or X's own float type (float64 for others)."""
         if asked is not None:
             return np.dtype(asked)
         X = self.collection
-        dtype = np.result_type(*X.dtypes) if _kind(X) == "frame" else X.dtype
+        try:
+            dtype = np.result_type(*X.dtypes) if _kind(X) == "frame" else X.dtype
+        except TypeError:  # string columns, which the template's head encodes
+            return np.dtype(np.float64)
         return dtype if dtype in (np.float32, np.float64) else np.dtype(np.float64)
 
     # validation ------------------------------------------------------------
@@ -346,6 +355,9 @@ class DaskRows:
             )
         classifier = is_classifier(est)
         xs, ys, ws, addresses = self._place_blocks(X, y, sample_weight)
+        head = self._fit_head(est, xs, addresses, first_call)
+        if head is not None:  # raw columns: the workers train on the head's output
+            n_features = _sample(client, head, None, xs, addresses).shape[1]
         if classifier:
             found = client.gather([client.submit(_labels, f, name, pure=False) for f in ys])
             labels, counts = _merge_labels(found)
@@ -362,6 +374,7 @@ class DaskRows:
             "classes": fitted.get("classes_"),
             "width": len(fitted["classes_"]) if classifier else (width or 1),
             "class_weight": None,
+            "head": head,
         }
         if classifier and est._class_weight() is not None:
             spec["class_weight"] = (labels, _class_weights(est._class_weight(), labels, counts))
@@ -415,6 +428,37 @@ class DaskRows:
         )
         y2d = _RowsView(self, (n_samples, spec["width"]), dtype)
         return self, y2d, _RowsView(self, (n_samples,), dtype), fitted
+
+    def _fit_head(self, est, xs, addresses, first_call):
+        """Fit the template Pipeline's head where it is not fitted (``_dask_head``).
+
+        For a DataFrame whose columns the head takes by name (``_frames``), returns the
+        fitted head, which the workers apply to their partitions (the final model's
+        graph trains on its output, as for a pandas DataFrame); otherwise the head
+        goes into the model's graph (``_initialize`` reads ``_cluster_head``) and the
+        workers hold the columns as given. None: the partitions are the model's input.
+        """
+        from sklearn.pipeline import Pipeline
+
+        from ._dask_head import fit_head
+        from ._frames import _head, needs_raw_columns, raw_columns
+
+        X = self.collection
+        if not first_call:  # a continued fit: the head of the first, fitted
+            if "_raw_columns" in est.__dict__:
+                return _head(est.estimator_)
+            return None
+        est.__dict__.pop("_raw_columns", None)
+        template = est._template()
+        if not isinstance(template, Pipeline) or len(template.steps) < 2:
+            return None
+        head = fit_head(self.client, _head(template), xs, addresses)
+        if _kind(X) == "frame" and needs_raw_columns(template, X._meta):
+            est._raw_columns = raw_columns(X._meta)
+            est._fitted_head = head
+            return head
+        est._cluster_head = head
+        return None
 
     def _place_blocks(self, X, y, sample_weight):
         """The blocks of X computed on the cluster (where dask puts them, or where they
@@ -974,6 +1018,9 @@ def _prepare(index, x, y, w, spec):
     if n == 0:
         empty = np.empty((0, spec["width"]), dtype=dtype)
         return _Part(index, np.empty((0, spec["n_features"]), dtype), empty, np.empty(0, dtype))
+    if spec["head"] is not None:  # raw columns: the final model's input
+        x = spec["head"].transform(x)
+        x = x.toarray() if hasattr(x, "toarray") else x
     X = _as_rows(check_array(x, dtype=dtype, estimator=name, input_name="X"), dtype)
     if X.shape[1] != spec["n_features"]:
         raise ValueError(
@@ -1000,6 +1047,10 @@ def _prepare(index, x, y, w, spec):
         labels = spec["classes"][y2d.argmax(axis=1)]
         sw = np.ascontiguousarray(sw * weights[np.searchsorted(present, labels)], dtype=sw.dtype)
     return _Part(index, X, y2d, sw)
+
+
+def _first_rows(part, n):
+    return part.X[:n]
 
 
 def _describe(part):

@@ -375,7 +375,7 @@ def prepare_template(template, X, n_outputs, random_state):
     if isinstance(est, Pipeline):
         head = est[:-1]
         Xt = (
-            head.transform(X)
+            head.transform(X[:1])  # only its width is read
             if all(_is_fitted(s) for _, s in head.steps)
             else head.fit_transform(X)
         )

@@ -20,11 +20,16 @@ da = pytest.importorskip("dask.array")
 dd = pytest.importorskip("dask.dataframe")
 distributed = pytest.importorskip("distributed")
 pd = pytest.importorskip("pandas")
+onnxruntime = pytest.importorskip("onnxruntime")
 
 from _helpers import BACKENDS  # noqa: E402
+from sklearn.compose import ColumnTransformer  # noqa: E402
 from sklearn.exceptions import ConvergenceWarning  # noqa: E402
+from sklearn.impute import SimpleImputer  # noqa: E402
 from sklearn.linear_model import LogisticRegression, PoissonRegressor  # noqa: E402
 from sklearn.neural_network import MLPClassifier, MLPRegressor  # noqa: E402
+from sklearn.pipeline import make_pipeline  # noqa: E402
+from sklearn.preprocessing import OneHotEncoder, StandardScaler  # noqa: E402
 
 import onnxgrad_sklearn  # noqa: E402
 from onnxgrad_sklearn import OrtGradientClassifier, OrtGradientRegressor, _dask  # noqa: E402
@@ -75,6 +80,14 @@ def weights_of(est):
 
 def assert_close_fit(got, expected, rtol, atol):
     np.testing.assert_allclose(weights_of(got), weights_of(expected), rtol=rtol, atol=atol)
+
+
+def assert_close_fit_of(got, expected, rtol, atol):
+    """Coefficients of two fitted linear models."""
+    for name in ("coef_", "intercept_"):
+        np.testing.assert_allclose(
+            getattr(got, name), getattr(expected, name), rtol=rtol, atol=atol
+        )
 
 
 def served(client):
@@ -329,6 +342,99 @@ def test_sync_every_is_ignored_for_data_in_memory():
     with pytest.warns(ConvergenceWarning):
         b = OrtGradientRegressor(template, **params).fit(X, y)
     np.testing.assert_array_equal(mlp_weights(a), mlp_weights(b))
+
+
+def customers(n=1000, seed=0):
+    rng = np.random.RandomState(seed)
+    frame = pd.DataFrame(
+        {
+            "age": rng.uniform(20, 70, n),
+            "amount": rng.lognormal(3, 1, n),
+            "city": rng.choice(["paris", "lyon", "nice", "lille"], n),
+        }
+    )
+    noise = rng.randn(n) * 0.5
+    y = ((frame.age - 45) / 10 + (frame.city == "nice") + noise > 0.3).astype(np.int64)
+    return frame, y
+
+
+def column_head():
+    return ColumnTransformer(
+        [("num", StandardScaler(), ["age", "amount"]), ("cat", OneHotEncoder(), ["city"])]
+    )
+
+
+def test_a_string_column_through_an_unfitted_column_transformer(client):
+    """The head is fitted on the workers (the scaler's partial_fit partition after
+    partition, the encoder's categories merged), applied where the partitions are; the
+    final model trains there on its output."""
+    frame, y = customers()
+    template = make_pipeline(column_head(), LogisticRegression())
+    before = served(client)
+    got = OrtGradientClassifier(template).fit(
+        dd.from_pandas(frame, npartitions=4), dd.from_pandas(y, npartitions=4)
+    )
+    assert sum(served(client).values()) > sum(before.values())  # rounds on the workers
+    expected = OrtGradientClassifier(template).fit(frame, y)
+    head, head_expected = got.estimator_[0], expected.estimator_[0]
+    np.testing.assert_allclose(
+        head.named_transformers_["num"].mean_, head_expected.named_transformers_["num"].mean_
+    )
+    np.testing.assert_allclose(
+        head.named_transformers_["num"].scale_, head_expected.named_transformers_["num"].scale_
+    )
+    assert [list(c) for c in head.named_transformers_["cat"].categories_] == [
+        ["lille", "lyon", "nice", "paris"]
+    ]
+    assert head.named_transformers_["cat"].get_params()["categories"] == "auto"
+    assert_close_fit_of(got.estimator_[-1], expected.estimator_[-1], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        got.predict_proba(frame), expected.predict_proba(frame), rtol=1e-5, atol=1e-6
+    )
+    ddf = dd.from_pandas(frame, npartitions=3)
+    np.testing.assert_allclose(got.predict_proba(ddf).compute(), got.predict_proba(frame))
+    assert got.score(ddf, y) == pytest.approx(got.score(frame, y), abs=1e-12)
+    # the export takes the raw columns, as after a fit on the pandas frame
+    session = onnxruntime.InferenceSession(
+        got.to_onnx().SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    feed = {
+        "age": frame[["age"]].to_numpy(np.float32),
+        "amount": frame[["amount"]].to_numpy(np.float32),
+        "city": frame[["city"]].to_numpy(object),
+    }
+    np.testing.assert_allclose(
+        session.run(None, feed)[1], got.predict_proba(frame), rtol=1e-5, atol=1e-6
+    )
+
+
+def test_a_numeric_pipeline_head_is_fitted_on_the_workers(client):
+    rng = np.random.RandomState(1)
+    X = (rng.randn(900, 5) * 10 + 3).astype(np.float32)
+    y = X @ rng.randn(5) + rng.randn(900)
+    template = make_pipeline(StandardScaler(), MLPRegressor(hidden_layer_sizes=(8,)))
+    params = dict(optimizer="adam", max_iter=3, random_state=0)
+    with pytest.warns(ConvergenceWarning):
+        got = OrtGradientRegressor(template, **params).fit(
+            da.from_array(X, chunks=300), da.from_array(y, chunks=300)
+        )
+    with pytest.warns(ConvergenceWarning):
+        expected = OrtGradientRegressor(template, **params).fit(X, y)
+    np.testing.assert_allclose(got.estimator_[0].mean_, expected.estimator_[0].mean_)
+    np.testing.assert_allclose(got.estimator_[0].var_, expected.estimator_[0].var_, rtol=1e-10)
+    np.testing.assert_allclose(got.predict(X), expected.predict(X), rtol=1e-5, atol=1e-5)
+
+
+def test_a_head_whose_statistics_do_not_merge_is_refused(client):
+    X, y = binary_data(400, 3)
+    template = make_pipeline(SimpleImputer(), LogisticRegression())
+    with pytest.raises(ValueError, match="'simpleimputer' is not fitted.*fit it first"):
+        OrtGradientClassifier(template).fit(da.from_array(X, 100), da.from_array(y, 100))
+    # fitted, it is applied as it is
+    fitted = make_pipeline(SimpleImputer().fit(X), LogisticRegression())
+    got = OrtGradientClassifier(fitted).fit(da.from_array(X, 100), da.from_array(y, 100))
+    expected = OrtGradientClassifier(fitted).fit(X, y)
+    assert_close_fit_of(got.estimator_[-1], expected.estimator_[-1], rtol=1e-4, atol=1e-5)
 
 
 def test_early_stopping_split_trains_here(client, caplog):
