@@ -488,10 +488,10 @@ def test_fit_from_inside_a_dask_task(client):
 # a worker dies mid-fit (last: the cluster loses a worker, its nanny starts another) -----
 def _kill_a_worker_at(monkeypatch, client, evaluation):
     """Make the worker holding the first partition exit before the given evaluation."""
-    original = _dask.DaskRows.sums
+    original = _dask.DaskRows._round
     killed = []
 
-    def sums(self, stage, weights):
+    def run_round(self, *args, **kwargs):
         if self.rounds == evaluation and not killed:
             address = sorted(self.placement)[0]
             killed.append((address, time.monotonic()))
@@ -499,9 +499,9 @@ def _kill_a_worker_at(monkeypatch, client, evaluation):
                 client.run(os._exit, 1, workers=[address])
             except Exception:
                 pass  # the worker exits before answering
-        return original(self, stage, weights)
+        return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(_dask.DaskRows, "sums", sums)
+    monkeypatch.setattr(_dask.DaskRows, "_round", run_round)
     return killed
 
 
@@ -515,6 +515,60 @@ def test_a_lost_worker_repeats_the_evaluation(client, monkeypatch):
     got = OrtGradientClassifier(LogisticRegression()).fit(X, y)
     assert killed
     np.testing.assert_array_equal(weights_of(got), weights_of(expected))
+
+
+def test_ctrl_c_keeps_the_weights_of_the_last_completed_round(client, monkeypatch):
+    """Interrupted at its 21st step, a fit on the cluster keeps the weights after 20,
+    as a fit in memory interrupted at the same step does."""
+    X, y = diabetes()
+    from onnxgrad_sklearn import _base
+
+    def interrupted(cls):
+        original, calls = cls.train, []
+
+        def train(self, engine, batch, learning_rate):
+            calls.append(batch)
+            if len(calls) == 21:
+                raise KeyboardInterrupt
+            return original(self, engine, batch, learning_rate)
+
+        monkeypatch.setattr(cls, "train", train)
+
+    fits = []
+    for cls, data in [
+        (_dask._DaskBatches, (da.from_array(X, chunks=150), da.from_array(y, chunks=150))),
+        (_base._MemoryBatches, (X, y)),
+    ]:
+        interrupted(cls)
+        est = OrtGradientRegressor(
+            MLPRegressor(hidden_layer_sizes=(8,)), optimizer="adam", batch_size=32, random_state=0
+        )
+        with pytest.raises(KeyboardInterrupt), pytest.warns(UserWarning, match="interrupted"):
+            est.fit(*data)
+        assert est.n_iter_ == 1 and len(est.loss_curve_) == 1  # 14 steps an epoch
+        fits.append(est)
+    np.testing.assert_allclose(mlp_weights(fits[0]), mlp_weights(fits[1]), rtol=1e-4, atol=1e-5)
+    assert np.abs(mlp_weights(fits[0]) - mlp_weights(fits[1])).max() < 1e-5
+    np.testing.assert_allclose(fits[0].predict(X), fits[1].predict(X), rtol=1e-4, atol=1e-5)
+
+
+def test_a_lost_worker_repeats_the_round_of_a_mini_batch_fit(client, monkeypatch):
+    """sync_every=1: the round is run again on the rows dask computed again; the
+    weights of the fit that lost no worker, within float32 sums' reordering."""
+    client.wait_for_workers(2, timeout=60)
+    X = da.random.RandomState(7).standard_normal((4000, 6), chunks=(500, 6)).astype("f4")
+    y = X[:, 0] - 2 * X[:, 3] + 0.1
+    params = dict(optimizer="adam", max_iter=2, batch_size=256, random_state=0)
+    template = MLPRegressor(hidden_layer_sizes=(8,))
+    with pytest.warns(ConvergenceWarning):
+        expected = OrtGradientRegressor(template, **params).fit(X, y)
+    killed = _kill_a_worker_at(monkeypatch, client, evaluation=5)
+    with pytest.warns(ConvergenceWarning):
+        got = OrtGradientRegressor(template, **params).fit(X, y)
+    assert killed
+    np.testing.assert_allclose(got.loss_curve_, expected.loss_curve_, rtol=1e-5)
+    np.testing.assert_allclose(mlp_weights(got), mlp_weights(expected), rtol=1e-4, atol=1e-5)
+    client.wait_for_workers(2, timeout=60)
 
 
 def test_lost_rows_that_cannot_be_computed_again_raise(client, monkeypatch):
