@@ -3,8 +3,8 @@
 ``fit`` given dask arrays, DataFrames or Series (``_base._fit`` sends them here):
 
 - Without a ``distributed`` client, or for what this version trains in one process
-  (``partial_fit``, a Pipeline template, non-numeric columns, sparse blocks, multilabel
-  targets, early stopping's held-out split, a loss whose rows mix), the collections
+  (sparse blocks, multilabel targets, early stopping's held-out split, a loss whose
+  rows mix, non-numeric columns without a ColumnTransformer head), the collections
   are computed into memory and the fit runs as it does on NumPy or pandas data, which
   an INFO log says.
 - Otherwise :class:`DaskRows` keeps each partition of X on the worker that holds it,
@@ -142,12 +142,12 @@ def _compute(scheduler, *values):
     return dask.compute(*values, scheduler=scheduler)
 
 
-def _optimizer(est):
+def _optimizer(est, incremental=False):
     from .templates import check_template, final_estimator
 
     template = est._template()
     check_template(template, est._task, type(est).__name__)
-    return est._solver(final_estimator(template), False)
+    return est._solver(final_estimator(template), incremental)
 
 
 def _why_local(est, client, X, y, incremental, given_validation=False):
@@ -160,11 +160,9 @@ def _why_local(est, client, X, y, incremental, given_validation=False):
             "no distributed client is running (create one, for example with "
             "distributed.Client(), to train on its workers)"
         )
-    if incremental:
-        return "partial_fit trains on the rows it is given"
     if not is_dask_collection(X):
         return "X is in memory"
-    optimizer = _optimizer(est)
+    optimizer = _optimizer(est, incremental)  # partial_fit refuses L-BFGS here
     if not optimizer.full_batch:
         from ._callbacks import holds_out_validation
 

@@ -437,6 +437,28 @@ def test_a_head_whose_statistics_do_not_merge_is_refused(client):
     assert_close_fit_of(got.estimator_[-1], expected.estimator_[-1], rtol=1e-4, atol=1e-5)
 
 
+def test_partial_fit_makes_one_pass_on_the_workers(client):
+    X, y = binary_data(900, 5, seed=2)
+    template = MLPClassifier(hidden_layer_sizes=(8,))
+    params = dict(optimizer="adam", batch_size=64, random_state=0)
+    got = OrtGradientClassifier(template, **params)
+    expected = OrtGradientClassifier(template, **params)
+    before = served(client)
+    for half in (slice(0, 450), slice(450, 900)):
+        got.partial_fit(
+            da.from_array(X[half], chunks=150), da.from_array(y[half], chunks=150), classes=[0, 1]
+        )
+        expected.partial_fit(X[half], y[half], classes=[0, 1])
+    assert sum(served(client).values()) - sum(before.values()) >= 2 * 8  # 8 steps a call
+    assert got.n_iter_ == expected.n_iter_ == 1
+    np.testing.assert_allclose(got.loss_curve_, expected.loss_curve_, rtol=1e-5)
+    np.testing.assert_allclose(mlp_weights(got), mlp_weights(expected), rtol=1e-4, atol=1e-5)
+    with pytest.raises(AttributeError, match="partial_fit"):  # before any work
+        OrtGradientClassifier(LogisticRegression(), optimizer="lbfgs").partial_fit(
+            da.from_array(X, chunks=300), da.from_array(y, chunks=300), classes=[0, 1]
+        )
+
+
 def test_early_stopping_split_trains_here(client, caplog):
     X, y = binary_data(600, 4)
     Xd, yd = da.from_array(X, chunks=200), da.from_array(y, chunks=200)
