@@ -299,7 +299,6 @@ class DaskRows:
         self.rounds = 0
         self.tasks = Counter()  # worker address -> tasks run
         self.offsets = np.zeros(1, dtype=np.int64)
-        self.moves = 0  # placements made (one more after a worker left)
         self.epochs = None  # what the mini-batch rounds need (start_epochs)
         self.shape = (0, 0)
         self.dtype = None
@@ -508,7 +507,6 @@ class DaskRows:
             where = sorted(a for a in holders.get(f.key, ()) if alive is None or a in alive)
             placement.setdefault(where[0], []).append(k)
         self.placement = placement
-        self.moves += 1
 
     # the objective -----------------------------------------------------------
     def objective(self, est, loss, engine, penalized, alpha, l1_ratio, l1=0.0):
@@ -819,70 +817,43 @@ class _LocalBatches(_DaskBatches):
     """The batches of one epoch on a dask cluster: local SGD (``sync_every=k > 1``).
 
     An epoch has as many steps as the fit in memory, ``S = ceil(n / batch_size)``.
-    Each worker takes its own rows in the epoch's order and cuts them into ``S``
-    batches of near-equal sizes (its share of ``batch_size``). A round runs ``k``
-    steps on every worker from the same weights and optimizer state (the penalty
-    scaled by the worker's share of the rows, so that it weighs in each local batch
-    as in a batch of the fit in memory); the weights and the state are then averaged,
-    weighted by the rows each worker trained on. The loss of an epoch is the
-    row-weighted mean of the workers' batch losses.
+    Each worker shuffles its own rows (seeded from the epoch's order, which the client
+    draws as in one process) and cuts them into ``S`` batches of near-equal sizes (its
+    share of ``batch_size``); the client sends no row numbers. A round runs ``k`` steps
+    on every worker from the same weights and optimizer state (the penalty scaled by
+    the worker's share of the rows, so that it weighs in each local batch as in a batch
+    of the fit in memory); the weights and the state are then averaged, weighted by
+    the rows each worker trained on. The loss of an epoch is the row-weighted mean of
+    the workers' batch losses.
     """
 
     def __init__(self, rows, order):
         super().__init__(rows, order)
-        n = rows.shape[0]
-        self.n_steps = -(-n // rows.epochs["batch_size"])
+        self.n_steps = -(-rows.shape[0] // rows.epochs["batch_size"])
         self.done = 0  # steps of the epoch made
         self.pending = 0  # steps asked for since the last round
-        self.moves = None  # the placement the plan is made for
-
-    def _plan(self):
-        """Each worker's rows in the epoch's order, and where its batches start."""
-        rows = self.rows
-        positions = np.arange(rows.shape[0]) if self.order is None else self.order
-        part = np.searchsorted(rows.offsets, positions, side="right") - 1
-        owner = np.empty(len(rows.parts), dtype=np.int64)
-        addresses = sorted(rows.placement)
-        for i, a in enumerate(addresses):
-            owner[rows.placement[a]] = i
-        self.mine = {}
-        for i, a in enumerate(addresses):
-            taken = owner[part] == i
-            own_part = part[taken]
-            local = positions[taken] - rows.offsets[own_part]
-            bounds = np.round(np.linspace(0, len(local), self.n_steps + 1)).astype(np.int64)
-            self.mine[a] = (own_part, local, bounds)
-        self.moves = rows.moves
+        # the workers' shuffles: drawn from the epoch's order (None: no shuffle)
+        self.seed = None if order is None else [int(v) for v in order[:8]]
 
     def _tasks(self, first, last, step, learning_rate, payload, data):
         """``{worker: task}`` of the steps ``first`` to ``last`` (excluded)."""
-        if self.moves != self.rows.moves:  # a worker left: the rows are elsewhere now
-            self._plan()
-        rows, n = self.rows, self.rows.shape[0]
+        rows = self.rows
+        n = rows.shape[0]
         tasks = {}
-        for a, (own_part, local, bounds) in self.mine.items():
-            steps = []
-            for s in range(first, last):
-                cut = slice(bounds[s], bounds[s + 1])
-                picks = {}
-                for k in np.unique(own_part[cut]):
-                    picks[int(k)] = local[cut][own_part[cut] == k]
-                steps.append(picks)
-            keys = sorted({k for picks in steps for k in picks})
-            if not keys:
-                continue
-            scale = len(local) / n
+        for a, ks in sorted(rows.placement.items()):
+            keys = sorted(ks)
+            share = sum(int(rows.offsets[k + 1] - rows.offsets[k]) for k in keys) / n
+            plan = (self.seed, self.n_steps, first, last)
             tasks[a] = (
                 _local_steps,
                 payload,
                 rows.fit_id,
                 rows.epochs["local"],
-                scale,
+                share,
                 data,
                 step,
                 learning_rate,
-                keys,
-                steps,
+                plan,
                 *[rows.parts[k] for k in keys],
             )
         return tasks
@@ -890,8 +861,6 @@ class _LocalBatches(_DaskBatches):
     def train(self, engine, batch, learning_rate):
         """Steps are run ``sync_every`` at a time, the last round of an epoch shorter:
         ``(None, 0)`` until a round is due, then its mean loss and rows."""
-        if self.moves is None:
-            self._plan()
         self.pending += 1
         if self.pending < self.rows.epochs["sync_every"] and batch.stop < self.rows.shape[0]:
             return None, 0
@@ -900,7 +869,7 @@ class _LocalBatches(_DaskBatches):
         state = engine.get_state()
         sent = engine.get_weights() + [s for st in state["state"] for s in st]
 
-        def plan(payload, data):
+        def plan(payload, data):  # for the placement of the moment (after a worker left)
             return self._tasks(first, last, state["step"], learning_rate, payload, data)
 
         rows = self.rows
@@ -916,9 +885,8 @@ class _LocalBatches(_DaskBatches):
         shares = [r[0] / trained for r in results]
 
         def mean(values):
-            return (
-                sum(share * np.asarray(v, np.float64) for share, v in zip(shares, values))
-            ).astype(engine.dtype)
+            total = sum(share * np.asarray(v, np.float64) for share, v in zip(shares, values))
+            return total.astype(engine.dtype)
 
         weights = [mean(ws) for ws in zip(*[r[2] for r in results])]
         states = [[mean(vs) for vs in zip(*per)] for per in zip(*[r[3] for r in results])]
@@ -1162,12 +1130,36 @@ def _batch_sums(payload, fit_id, stage, weights, picks, size, ones, *parts):
     return weight, float(loss) * weight, [np.asarray(g, np.float64) * weight for g in grads]
 
 
-def _local_steps(payload, fit_id, stage, scale, sent, step, learning_rate, keys, steps, *parts):
+#: This worker's rows of a local-SGD epoch in their order, by (fit, parts, seed).
+_ORDERS: OrderedDict = OrderedDict()
+
+
+def _local_order(fit_id, parts, seed):
+    """The order of this worker's rows (its partitions end to end) in an epoch."""
+    key = (fit_id, tuple(p.index for p in parts), None if seed is None else tuple(seed))
+    with _ENGINES_LOCK:
+        order = _ORDERS.get(key)
+    if order is None:
+        n = sum(p.X.shape[0] for p in parts)
+        if seed is None:
+            order = np.arange(n)
+        else:  # the worker's own stream, from the epoch's and its first partition
+            order = np.random.default_rng([*seed, parts[0].index]).permutation(n)
+        with _ENGINES_LOCK:
+            _ORDERS[key] = order
+            while len(_ORDERS) > 2:  # this epoch's and the last one's
+                _ORDERS.popitem(last=False)
+    return order
+
+
+def _local_steps(payload, fit_id, stage, share, sent, step, learning_rate, plan, *parts):
     """Train from the weights and optimizer state ``sent`` on this worker's batches
-    ``steps`` (each ``{partition: row numbers}``); returns the rows trained on, the sum
-    of the batch losses times their rows, the weights and the state, or the first
-    non-finite loss (no more steps)."""
-    engine = _engine(payload, fit_id, stage, scale)
+    ``first`` to ``last`` of the epoch (``plan``: the epoch's seed, its number of
+    batches, ``first``, ``last``); returns the rows trained on, the sum of the batch
+    losses times their rows, the weights and the state, or the first non-finite loss
+    (no more steps)."""
+    seed, n_steps, first, last = plan
+    engine = _engine(payload, fit_id, stage, share)
     n_weights = len(engine.shapes)
     n_state = len(engine.optimizer.state_names)
     engine.set_weights(sent[:n_weights])
@@ -1176,10 +1168,18 @@ def _local_steps(payload, fit_id, stage, scale, sent, step, learning_rate, keys,
     state["state"] = [flat[i * n_state : (i + 1) * n_state] for i in range(n_weights)]
     state["step"] = step  # the fit's updates so far (Adam's bias correction reads it)
     engine.set_state(state)
-    by_key = dict(zip(keys, parts))
+    order = _local_order(fit_id, parts, seed)
+    bounds = np.round(np.linspace(0, len(order), n_steps + 1)).astype(np.int64)
+    sizes = np.cumsum([0] + [p.X.shape[0] for p in parts])
     trained, total = 0, 0.0
-    for picks in steps:
-        taken = [(by_key[k].X[i], by_key[k].y[i], by_key[k].sw[i]) for k, i in picks.items()]
+    for s in range(first, last):
+        rows = np.sort(order[bounds[s] : bounds[s + 1]])  # taken partition by partition
+        which = np.searchsorted(sizes, rows, side="right") - 1
+        taken = [
+            (p.X[r], p.y[r], p.sw[r])
+            for k, p in enumerate(parts)
+            if len(r := rows[which == k] - sizes[k])
+        ]
         if not taken:
             continue
         X, y, sw = (np.ascontiguousarray(np.concatenate(a)) for a in zip(*taken))
@@ -1195,10 +1195,11 @@ def _local_steps(payload, fit_id, stage, scale, sent, step, learning_rate, keys,
 
 
 def _forget(fit_id):
-    """Drop this fit's engines from this worker process."""
+    """Drop this fit's engines (and local-SGD orders) from this worker process."""
     with _ENGINES_LOCK:
-        for key in [k for k in _ENGINES if k[0] == fit_id]:
-            del _ENGINES[key]
+        for cache in (_ENGINES, _ORDERS):
+            for key in [k for k in cache if k[0] == fit_id]:
+                del cache[key]
 
 
 def _served():

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -158,6 +159,20 @@ def test_poisson_float64_from_a_dataframe(client):
     assert got.score(ddf, ys) == pytest.approx(expected.score(frame, y), rel=1e-7)
 
 
+def test_lbfgs_mlp_regressor_template_matches_one_machine(client):
+    X, y = diabetes()
+    template = MLPRegressor(hidden_layer_sizes=(6,), solver="lbfgs", max_iter=40)
+    params = dict(random_state=0, max_iter=40)
+    with pytest.warns(ConvergenceWarning):
+        got = OrtGradientRegressor(template, **params).fit(
+            da.from_array(X, chunks=150), da.from_array(y, chunks=150)
+        )
+    with pytest.warns(ConvergenceWarning):
+        expected = OrtGradientRegressor(template, **params).fit(X, y)
+    assert got.n_iter_ == expected.n_iter_
+    np.testing.assert_allclose(mlp_weights(got), mlp_weights(expected), rtol=1e-4, atol=1e-5)
+
+
 def test_three_classes_with_weights(client):
     rng = np.random.RandomState(2)
     X = rng.randn(4500, 6).astype(np.float32)
@@ -176,13 +191,27 @@ def test_three_classes_with_weights(client):
 
 
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
-def test_the_data_stays_on_the_workers(client):
-    """52 MB of float32 rows made on the workers: the client process never holds them."""
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(max_iter=15),  # L-BFGS
+        dict(optimizer="adam", batch_size=50_000, max_iter=2),  # sync_every=1
+        dict(optimizer="adam", batch_size=50_000, max_iter=2, sync_every=4),
+    ],
+    ids=["lbfgs", "sync", "local-sgd"],
+)
+def test_the_data_stays_on_the_workers(client, params):
+    """52 MB of float32 rows made on the workers: the client process never holds them
+    (a mini-batch fit draws the order of the rows here: 8 bytes a row)."""
     import psutil
 
     n, p = 650_000, 20
     X = da.random.RandomState(0).standard_normal((n, p), chunks=(65_000, p)).astype(np.float32)
     y = (X[:, 0] + X[:, 1] - X[:, 2] > 0).astype(np.int64)
+    small = da.random.RandomState(1).standard_normal((2000, p), chunks=(500, p)).astype("f4")
+    with warnings.catch_warnings():  # what any fit loads here (libraries, sessions) first
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        OrtGradientClassifier(LogisticRegression(), **params).fit(small, small[:, 0] > 0)
     process = psutil.Process()
     start = process.memory_info().rss
     peak = [start]
@@ -196,7 +225,9 @@ def test_the_data_stays_on_the_workers(client):
     sampler.start()
     before = served(client)
     try:
-        est = OrtGradientClassifier(LogisticRegression(), max_iter=15).fit(X, y)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            est = OrtGradientClassifier(LogisticRegression(), **params).fit(X, y)
     finally:
         done.set()
         sampler.join()
