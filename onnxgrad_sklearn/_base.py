@@ -845,6 +845,10 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
         """
         if given is not None or not early_stopping:
             return (arrays, given, None) if rows else (arrays, given)
+        if _is_rows(arrays[0]):  # partitions on a dask cluster: split where they are
+            stratify = self._stratify(arrays[1])  # the labels, gathered (binary only)
+            train, validation, held = arrays[0].split(self, self.validation_fraction, stratify)
+            return (train, validation, held) if rows else (train, validation)
         indices = (np.arange(arrays[0].shape[0]),) if rows else ()
         # the indices do not change the split: ShuffleSplit draws the same permutation
         X, X_val, y2d, y_val, sample_weight, sw_val, *held = train_test_split(
@@ -907,7 +911,10 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
         best = False
         if validation is not None:
             X_val, y_val, sw_val = validation
-            predicted = _by_chunks(engine.predict, X_val)
+            if _is_rows(X_val):  # held-out rows on a dask cluster: predicted there
+                predicted = X_val.predict(engine)
+            else:
+                predicted = _by_chunks(engine.predict, X_val)
             score = self._score_validation(X_val, y_val, sw_val, predicted)
             if early_stopping:
                 best = self._record_validation(score)

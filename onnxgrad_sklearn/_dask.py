@@ -3,8 +3,9 @@
 ``fit`` given dask arrays, DataFrames or Series (``_base._fit`` sends them here):
 
 - Without a ``distributed`` client, or for what this version trains in one process
-  (sparse blocks, multilabel targets, early stopping's held-out split, a loss whose
-  rows mix, non-numeric columns without a ColumnTransformer head), the collections
+  (sparse blocks, multilabel targets, local SGD with early stopping's held-out split,
+  a loss whose rows mix, non-numeric columns without a ColumnTransformer head), the
+  collections
   are computed into memory and the fit runs as it does on NumPy or pandas data, which
   an INFO log says.
 - Otherwise :class:`DaskRows` keeps each partition of X on the worker that holds it,
@@ -166,11 +167,11 @@ def _why_local(est, client, X, y, incremental, given_validation=False):
     if not optimizer.full_batch:
         from ._callbacks import holds_out_validation
 
-        if not given_validation and (est.early_stopping or holds_out_validation(est)):
+        held_out = not given_validation and (est.early_stopping or holds_out_validation(est))
+        if held_out and est.sync_every > 1:
             return (
-                "early stopping holds out a validation split of the rows (in this version "
-                "a mini-batch fit on the workers takes a validation set given as X_val and "
-                "y_val instead)"
+                "local SGD (sync_every > 1) with early stopping's held-out split (give the "
+                "validation set as X_val and y_val, or use sync_every=1)"
             )
         if not getattr(est.loss, "rowwise", True):
             return f"the loss {type(est.loss).__name__} mixes the rows of a batch"
@@ -530,6 +531,98 @@ class DaskRows:
                 _engine_payload(est, loss, engine, est._penalty, engine.optimizer)
             )
 
+    def split(self, est, validation_fraction, labels):
+        """Early stopping's split, as ``train_test_split`` makes it in one process.
+
+        The split draws from the number of rows (and for a binary classifier the labels,
+        one byte a row here): the same rows as for data in memory. Returns the training
+        rows (:class:`_TrainingRows`), the validation set (its rows stay on the workers:
+        :class:`_HeldOut`; its targets and weights come here) and the held-out rows'
+        numbers.
+        """
+        from sklearn.model_selection import train_test_split
+
+        n = self.shape[0]
+        train, held = train_test_split(
+            np.arange(n, dtype=np.int32 if n < 2**31 else np.intp),
+            random_state=est._random_state,
+            test_size=validation_fraction,
+            stratify=labels,
+        )
+        if len(held) < 2:
+            raise ValueError(
+                "The validation set is too small. Increase 'validation_fraction' "
+                "or the size of your dataset."
+            )
+        y_val, sw_val = self._gather_rows(held)
+        X = _TrainingRows(self, train)
+        arrays = (X, _RowsView(self, (len(train), y_val.shape[1]), self.dtype), None)
+        return arrays, (_HeldOut(self, held), y_val, sw_val), held
+
+    def labels(self):
+        """The class of each row, one byte a row for up to 127 classes (a stratified
+        split's labels)."""
+        client = self.client
+        found = client.gather([client.submit(_label_codes, p, pure=False) for p in self.parts])
+        return np.concatenate(found)
+
+    def _gather_rows(self, positions):
+        """The targets and weights of the rows ``positions``, in that order."""
+        picks = self._picks(positions)
+        found = self.client.gather(
+            [
+                self.client.submit(_targets_of, picks[a], *[self.parts[k] for k in picks[a]])
+                for a in sorted(picks)
+            ]
+        )
+        return self._in_order(picks, found, positions)
+
+    def _in_order(self, picks, found, positions):
+        """Per-worker results for ``picks`` (arrays, in the order of each worker's
+        picks) put back in the order of ``positions``."""
+        part = np.searchsorted(self.offsets, positions, side="right") - 1
+        slots = np.argsort(part, kind="stable")  # partition by partition, as picked
+        by_part = {k: i for i, k in enumerate(sorted(int(k) for k in np.unique(part)))}
+        chunks = {}
+        for a, values in zip(sorted(picks), found):
+            start = 0
+            for k, idx in picks[a].items():
+                chunks[k] = [v[start : start + len(idx)] for v in values]
+                start += len(idx)
+        ordered = [
+            np.concatenate([chunks[k][j] for k in sorted(by_part)]) for j in range(len(found[0]))
+        ]
+        out = []
+        for values in ordered:
+            result = np.empty_like(values)
+            result[slots] = values
+            out.append(result)
+        return out
+
+    def predict_rows(self, engine, positions):
+        """The model's output at ``engine``'s weights on the rows ``positions``."""
+        weights = engine.get_weights()
+        stage = self.epochs["stage"]
+        payload = self.payloads[stage][1]
+        picks = self._picks(positions)
+        found = self.client.gather(
+            [
+                self.client.submit(
+                    _predict_rows,
+                    payload,
+                    self.fit_id,
+                    stage,
+                    weights,
+                    picks[a],
+                    *[self.parts[k] for k in picks[a]],
+                    workers=[a],
+                    pure=False,
+                )
+                for a in sorted(picks)
+            ]
+        )
+        return self._in_order(picks, [(f,) for f in found], positions)[0]
+
     def batches(self, order):
         """The batches of an epoch in ``order`` (``_base._batches``)."""
         if self.epochs["sync_every"] > 1:
@@ -754,6 +847,12 @@ class _RowsView:
     def ndim(self):
         return len(self.shape)
 
+    def argmax(self, axis=None):
+        """``y2d.argmax(axis=1)``: the class of each row (a stratified split's labels)."""
+        if axis != 1 or self.ndim != 2:
+            raise NotImplementedError("only y2d.argmax(axis=1) of rows on a dask cluster")
+        return self.rows.labels()
+
     def std(self, axis=None, dtype=None, out=None, ddof=0, **kwargs):
         if axis != 0 or out is not None or kwargs or self.ndim != 2:
             raise NotImplementedError("only np.std(y2d, axis=0) of rows on a dask cluster")
@@ -770,13 +869,15 @@ class _DaskBatches:
     update: one round per step.
     """
 
-    def __init__(self, rows, order):
-        self.rows, self.order = rows, order
+    def __init__(self, rows, order, training=None):
+        self.rows, self.order, self.training = rows, order, training
 
     def _sums(self, engine, batch, ones=False):
         """The batch's loss and gradients at the current weights (None: weights sum to 0)."""
         rows = self.rows
         positions = np.arange(batch.start, batch.stop) if self.order is None else self.order[batch]
+        if self.training is not None:  # the rows early stopping's split leaves to train on
+            positions = self.training[positions]
         weights = engine.get_weights()
         found = [r for r in rows.sums(rows.epochs["stage"], weights, positions, ones) if r]
         total = sum(r[0] for r in found)
@@ -811,6 +912,37 @@ class _DaskBatches:
             return False
         found = self._sums(engine, rows, ones=True)
         return found is None or bool(np.isfinite(found[0]))
+
+
+class _TrainingRows:
+    """The rows early stopping's split leaves to train on (positions ``training``)."""
+
+    _onnxgrad_rows = True
+    ndim = 2
+
+    def __init__(self, rows, training):
+        self.rows, self.training = rows, training
+        self.shape = (len(training), rows.shape[1])
+        self.dtype = rows.dtype
+
+    def batches(self, order):
+        return _DaskBatches(self.rows, order, self.training)
+
+
+class _HeldOut:
+    """The validation rows of early stopping's split, on the workers: the estimator's
+    epochs predict them there (``predict``)."""
+
+    _onnxgrad_rows = True
+    ndim = 2
+
+    def __init__(self, rows, positions):
+        self.rows, self.positions = rows, positions
+        self.shape = (len(positions), rows.shape[1])
+        self.dtype = rows.dtype
+
+    def predict(self, engine):
+        return self.rows.predict_rows(engine, self.positions)
 
 
 class _LocalBatches(_DaskBatches):
@@ -1013,6 +1145,26 @@ def _prepare(index, x, y, w, spec):
         labels = spec["classes"][y2d.argmax(axis=1)]
         sw = np.ascontiguousarray(sw * weights[np.searchsorted(present, labels)], dtype=sw.dtype)
     return _Part(index, X, y2d, sw)
+
+
+def _label_codes(part):
+    """The class of each row of a partition (one byte a row for 2 classes)."""
+    return part.y.argmax(axis=1).astype(np.int8 if part.y.shape[1] <= 127 else np.int64)
+
+
+def _targets_of(picks, *parts):
+    """The targets and weights of the rows ``picks`` of ``parts``, partition by partition."""
+    ys = [p.y[i] for p, i in zip(parts, picks.values())]
+    ws = [p.sw[i] for p, i in zip(parts, picks.values())]
+    return np.concatenate(ys), np.concatenate(ws)
+
+
+def _predict_rows(payload, fit_id, stage, weights, picks, *parts):
+    """The model's output on the rows ``picks`` of ``parts``, partition by partition."""
+    engine = _engine(payload, fit_id, stage)
+    engine.set_weights(weights)
+    X = np.concatenate([p.X[i] for p, i in zip(parts, picks.values())])
+    return engine.predict(X)
 
 
 def _first_rows(part, n):

@@ -490,14 +490,38 @@ def test_partial_fit_makes_one_pass_on_the_workers(client):
         )
 
 
-def test_early_stopping_split_trains_here(client, caplog):
+@pytest.mark.parametrize("kind", ["regressor", "binary"])
+def test_early_stopping_split_on_the_workers(client, kind):
+    """The split holds out the rows a fit in memory holds out (stratified for a binary
+    classifier); the held-out rows are predicted where they are at each epoch."""
+    params = dict(
+        optimizer="adam", max_iter=40, early_stopping=True, tol=0.01, n_iter_no_change=2,
+        learning_rate_init=0.01, random_state=0,
+    )  # fmt: skip
+    if kind == "regressor":
+        X, y = diabetes()
+        make = functools.partial(OrtGradientRegressor, MLPRegressor(hidden_layer_sizes=(8,)))
+    else:
+        X, y = binary_data(900, 5, seed=8)
+        make = functools.partial(OrtGradientClassifier, MLPClassifier(hidden_layer_sizes=(8,)))
+    before = served(client)
+    got = make(**params).fit(da.from_array(X, chunks=150), da.from_array(y, chunks=150))
+    assert sum(served(client).values()) > sum(before.values())
+    expected = make(**params).fit(X, y)
+    assert got.n_iter_ == expected.n_iter_ < 40  # stopped early, at the same epoch
+    np.testing.assert_allclose(got.validation_scores_, expected.validation_scores_, rtol=1e-5)
+    np.testing.assert_allclose(got.loss_curve_, expected.loss_curve_, rtol=1e-5)
+    np.testing.assert_allclose(mlp_weights(got), mlp_weights(expected), rtol=1e-4, atol=1e-5)
+
+
+def test_local_sgd_with_a_held_out_split_trains_here(client, caplog):
     X, y = binary_data(600, 4)
     Xd, yd = da.from_array(X, chunks=200), da.from_array(y, chunks=200)
-    params = dict(optimizer="adam", max_iter=3, random_state=0, early_stopping=True)
+    params = dict(optimizer="adam", max_iter=3, random_state=0, early_stopping=True, sync_every=4)
     est = OrtGradientClassifier(LogisticRegression(), **params)
     with caplog.at_level(logging.INFO, logger="onnxgrad_sklearn"), pytest.warns(Warning):
         got = est.fit(Xd, yd)
-    assert "holds out a validation split" in caplog.text and "computed into memory" in caplog.text
+    assert "held-out split" in caplog.text and "computed into memory" in caplog.text
     expected = OrtGradientClassifier(LogisticRegression(), **params)
     with pytest.warns(Warning):
         expected.fit(X, y)
