@@ -415,6 +415,7 @@ class DaskRows:
         self.offsets = np.cumsum([0] + [stats[i][0] for i in kept])
         self.total_weight = float(sum(s[1] for s in stats))
         self._place()
+        self._rebalance()
         self.shape = (n_samples, n_features)
         self.dtype = np.dtype(dtype)
         logger.info(
@@ -426,6 +427,48 @@ class DaskRows:
         )
         y2d = _RowsView(self, (n_samples, spec["width"]), dtype)
         return self, y2d, _RowsView(self, (n_samples,), dtype), fitted
+
+    def _rebalance(self):
+        """Spread the partitions once over the workers when some hold none and another
+        more than 1.5 times its share of the rows; logged.
+
+        Greedy: the largest partitions first, each to the worker with the fewest rows
+        so far, its holder when that is one of them. A partition moves by a task pinned
+        to its new worker, so that dask can still compute it again from its graph.
+        """
+        workers = sorted(self.client.nthreads())
+        if len(self.parts) < 2 or len(workers) < 2:
+            return
+        sizes = np.diff(self.offsets)
+        held = {a: int(sizes[ks].sum()) for a, ks in self.placement.items()}
+        share = sizes.sum() / len(workers)
+        if len(held) == len(workers) or max(held.values()) <= 1.5 * share:
+            return
+        holder = {k: a for a, ks in self.placement.items() for k in ks}
+        load = dict.fromkeys(workers, 0)
+        moved = 0
+        for k in sorted(range(len(self.parts)), key=lambda k: -sizes[k]):
+            least = min(load.values())
+            target = holder[k] if load[holder[k]] == least else min(workers, key=load.get)
+            load[target] += int(sizes[k])
+            if target != holder[k]:
+                self.parts[k] = self.client.submit(
+                    _same, self.parts[k], workers=[target], pure=False
+                )
+                moved += 1
+        if moved:
+            from distributed import wait
+
+            wait(self.parts)
+            before = ", ".join(f"{a}: {len(k)}" for a, k in sorted(self.placement.items()))
+            self._place()
+            logger.info(
+                "%d partitions moved before the fit, to balance the rows over the dask "
+                "workers: %s, now %s",
+                moved,
+                before,
+                ", ".join(f"{a}: {len(k)}" for a, k in sorted(self.placement.items())),
+            )
 
     def _fit_head(self, est, xs, addresses, first_call):
         """Fit the template Pipeline's head where it is not fitted (``_dask_head``).
@@ -1165,6 +1208,10 @@ def _predict_rows(payload, fit_id, stage, weights, picks, *parts):
     engine.set_weights(weights)
     X = np.concatenate([p.X[i] for p, i in zip(parts, picks.values())])
     return engine.predict(X)
+
+
+def _same(part):
+    return part
 
 
 def _first_rows(part, n):

@@ -238,6 +238,22 @@ def test_the_data_stays_on_the_workers(client, params):
     assert est.n_iter_ >= 1 and est.score(X[:1000].compute(), y[:1000].compute()) > 0.9
 
 
+def test_partitions_all_on_one_worker_are_spread_once(client, caplog):
+    client.wait_for_workers(2, timeout=60)
+    X, y = binary_data(8000, 5, seed=9)
+    one = sorted(client.nthreads())[0]
+    Xd = client.persist(da.from_array(X, chunks=1000), workers=[one])
+    yd = client.persist(da.from_array(y, chunks=1000), workers=[one])
+    before = served(client)
+    with caplog.at_level(logging.INFO, logger="onnxgrad_sklearn"):
+        got = OrtGradientClassifier(LogisticRegression()).fit(Xd, yd)
+    after = served(client)
+    assert "4 partitions moved before the fit" in caplog.text
+    assert all(after[a] > before.get(a, 0) for a in after), (before, after)
+    expected = OrtGradientClassifier(LogisticRegression()).fit(X, y)
+    assert_close_fit(got, expected, rtol=1e-4, atol=1e-5)
+
+
 def test_predict_on_dask_collections(client):
     X, y = binary_data(3000, 5, seed=3)
     est = OrtGradientClassifier(LogisticRegression()).fit(X, y)
