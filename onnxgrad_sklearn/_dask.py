@@ -3,7 +3,7 @@
 ``fit`` given dask arrays, DataFrames or Series (``_base._fit`` sends them here):
 
 - Without a ``distributed`` client, or for what this version trains in one process
-  (sparse blocks, multilabel targets, local SGD with early stopping's held-out split,
+  (multilabel targets, local SGD with early stopping's held-out split,
   a loss whose rows mix, non-numeric columns without a ColumnTransformer head), the
   collections
   are computed into memory and the fit runs as it does on NumPy or pandas data, which
@@ -45,7 +45,7 @@ from collections import Counter, OrderedDict
 
 import numpy as np
 
-from ._base import _CHUNK_VALUES, _as_rows, _FullBatchObjective, _penalty_terms, _slices
+from ._base import _CHUNK_VALUES, _as_rows, _FullBatchObjective, _penalty_terms, _rows, _slices
 from ._dask_head import _sample
 
 logger = logging.getLogger("onnxgrad_sklearn")
@@ -183,11 +183,17 @@ def _why_local(est, client, X, y, incremental, given_validation=False):
         return "X has non-numeric columns"
     if kind == "series" or (kind == "array" and X.ndim != 2):
         return "X is not 2-D"
-    if kind == "array" and not isinstance(X._meta, np.ndarray):
-        return f"the blocks of X are {type(X._meta).__name__} (sparse), not NumPy arrays"
+    if kind == "array" and not isinstance(X._meta, np.ndarray) and not _scipy_sparse(X._meta):
+        return f"the blocks of X are {type(X._meta).__name__}, not NumPy or SciPy arrays"
     if is_classifier(est) and _width(y) not in (None, 1):
         return "y is a label indicator matrix (multilabel)"
     return None
+
+
+def _scipy_sparse(value) -> bool:
+    import scipy.sparse as sp
+
+    return sp.issparse(value)
 
 
 def _batch_size(batch_size, n_samples) -> int:
@@ -1145,7 +1151,7 @@ class _Part:
             weight = float(np.sum(sw, dtype=np.float64))
             if weight == 0:
                 continue
-            loss, grads = engine.loss_and_gradients(self.X[chunk], self.y[chunk], sw)
+            loss, grads = engine.loss_and_gradients(_rows(self.X, chunk), self.y[chunk], sw)
             yield loss * weight, [g * weight for g in grads]
 
 
@@ -1162,7 +1168,8 @@ def _prepare(index, x, y, w, spec):
     if spec["head"] is not None:  # raw columns: the final model's input
         x = spec["head"].transform(x)
         x = x.toarray() if hasattr(x, "toarray") else x
-    X = _as_rows(check_array(x, dtype=dtype, estimator=name, input_name="X"), dtype)
+    X = check_array(x, accept_sparse="csr", dtype=dtype, estimator=name, input_name="X")
+    X = _as_rows(X, dtype)  # a sparse partition stays CSR: its rows densified as used
     if X.shape[1] != spec["n_features"]:
         raise ValueError(
             f"X has {X.shape[1]} features in partition {index}, but {name} is expecting "
@@ -1206,7 +1213,7 @@ def _predict_rows(payload, fit_id, stage, weights, picks, *parts):
     """The model's output on the rows ``picks`` of ``parts``, partition by partition."""
     engine = _engine(payload, fit_id, stage)
     engine.set_weights(weights)
-    X = np.concatenate([p.X[i] for p, i in zip(parts, picks.values())])
+    X = np.concatenate([_rows(p.X, i) for p, i in zip(parts, picks.values())])
     return engine.predict(X)
 
 
@@ -1215,7 +1222,7 @@ def _same(part):
 
 
 def _first_rows(part, n):
-    return part.X[:n]
+    return _rows(part.X, slice(0, n))
 
 
 def _describe(part):
@@ -1309,7 +1316,7 @@ def _batch_sums(payload, fit_id, stage, weights, picks, size, ones, *parts):
     zero to a multiple of an eighth of the batch ``size``: a standard-backend engine
     then makes few graphs (one per number of rows)."""
     engine = _engine(payload, fit_id, stage)
-    taken = [(p.X[i], p.y[i], p.sw[i]) for p, i in zip(parts, picks.values())]
+    taken = [(_rows(p.X, i), p.y[i], p.sw[i]) for p, i in zip(parts, picks.values())]
     X, y, sw = (np.concatenate(a) if len(taken) > 1 else a[0] for a in zip(*taken))
     if ones:
         sw = np.ones_like(sw)
@@ -1375,7 +1382,7 @@ def _local_steps(payload, fit_id, stage, share, sent, step, learning_rate, plan,
         rows = np.sort(order[bounds[s] : bounds[s + 1]])  # taken partition by partition
         which = np.searchsorted(sizes, rows, side="right") - 1
         taken = [
-            (p.X[r], p.y[r], p.sw[r])
+            (_rows(p.X, r), p.y[r], p.sw[r])
             for k, p in enumerate(parts)
             if len(r := rows[which == k] - sizes[k])
         ]

@@ -254,6 +254,26 @@ def test_partitions_all_on_one_worker_are_spread_once(client, caplog):
     assert_close_fit(got, expected, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("optimizer", ["lbfgs", "adam"])
+def test_sparse_blocks_train_on_the_workers(client, optimizer):
+    import scipy.sparse as sp
+
+    X, y = binary_data(1200, 8, seed=10)
+    X[np.abs(X) < 1] = 0  # about two thirds zeros
+    Xs = sp.csr_matrix(X)
+    Xd = da.from_array(X, chunks=(300, 8)).map_blocks(sp.csr_matrix, dtype=X.dtype)
+    params = dict(optimizer=optimizer, max_iter=5, random_state=0)
+    before = served(client)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        got = OrtGradientClassifier(LogisticRegression(), **params).fit(
+            Xd, da.from_array(y, chunks=300)
+        )
+        expected = OrtGradientClassifier(LogisticRegression(), **params).fit(Xs, y)
+    assert sum(served(client).values()) > sum(before.values())
+    assert_close_fit(got, expected, rtol=1e-4, atol=1e-5)
+
+
 def test_predict_on_dask_collections(client):
     X, y = binary_data(3000, 5, seed=3)
     est = OrtGradientClassifier(LogisticRegression()).fit(X, y)
