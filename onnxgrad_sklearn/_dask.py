@@ -13,12 +13,12 @@
   training dtype, and takes the place of X in the shared fit (``_base._fit``). Each
   worker builds its engines once per fit from bytes sent once, with its ``nthreads``
   (:data:`_ENGINES`); every round is one task per worker, pinned to it.
-- The full-batch L-BFGS solver (``_base._run_lbfgs``) gets its objective from
+- The full-batch L-BFGS solver (``_loops.TrainingLoops._run_lbfgs``) gets its objective from
   :meth:`DaskRows.objective`: a :class:`DaskFullBatchObjective`, the loop's
   ``_FullBatchObjective`` whose sums over chunks of rows are made on the workers, one
   round per evaluation; the client adds them in the order of the partitions and
   chunks, in float64, and applies the penalty as for rows in memory.
-- A mini-batch optimizer (``_base._run_epochs``) gets its batches from
+- A mini-batch optimizer (``_loops.TrainingLoops._run_epochs``) gets its batches from
   :meth:`DaskRows.batches` (:class:`_DaskBatches`): each step's batch is the one the
   fit in memory draws; the workers holding its rows sum the loss and its gradients
   over them, the client adds the sums and the penalty and makes the update
@@ -45,8 +45,8 @@ from collections import Counter, OrderedDict
 
 import numpy as np
 
-from ._base import _CHUNK_VALUES, _as_rows, _FullBatchObjective, _penalty_terms, _rows, _slices
 from ._dask_head import _sample
+from ._loops import _CHUNK_VALUES, _as_rows, _FullBatchObjective, _penalty_terms, _rows, _slices
 
 logger = logging.getLogger("onnxgrad_sklearn")
 
@@ -293,7 +293,7 @@ class DaskRows:
     :meth:`sums` makes there. Only its ``shape`` and ``dtype`` are read as X's.
     """
 
-    _onnxgrad_rows = True  # what _base._is_rows looks for
+    _onnxgrad_rows = True  # what _loops._is_rows looks for
 
     def __init__(self, client, X):
         self.client = client
@@ -560,7 +560,7 @@ class DaskRows:
 
     # the objective -----------------------------------------------------------
     def objective(self, est, loss, engine, penalized, alpha, l1_ratio, l1=0.0):
-        """The full-batch objective of these rows (see ``_base._full_batch_objective``)."""
+        """The full-batch objective of these rows (see ``_loops._full_batch_objective``)."""
         return DaskFullBatchObjective(self, est, loss, engine, penalized, alpha, l1_ratio, l1=l1)
 
     def start_epochs(self, est, loss, engine):
@@ -673,7 +673,7 @@ class DaskRows:
         return self._in_order(picks, [(f,) for f in found], positions)[0]
 
     def batches(self, order):
-        """The batches of an epoch in ``order`` (``_base._batches``)."""
+        """The batches of an epoch in ``order`` (``_loops._batches``)."""
         if self.epochs["sync_every"] > 1:
             return _LocalBatches(self, order)
         return _DaskBatches(self, order)
@@ -942,7 +942,7 @@ class _DaskBatches:
         return loss, [(g + p) / total for g, p in zip(grads, penalty_grads)]
 
     def train(self, engine, batch, learning_rate):
-        """One synchronous step (``_base._MemoryBatches.train``)."""
+        """One synchronous step (``_loops._MemoryBatches.train``)."""
         found = self._sums(engine, batch)
         if found is None:
             return None, 0

@@ -272,7 +272,7 @@ def with_head(head, template, final):
 def run_raw(est, X, trained_graph: bool) -> dict:
     """Outputs by name of the exported model on the raw columns of ``X``, or of the
     trained graph on the head's output (``trained_graph``), run in scikit-learn."""
-    from ._base import _CHUNK_VALUES, _as_rows, _rows
+    from ._loops import _CHUNK_VALUES, _as_rows, _rows
 
     check_raw_frame(est, X)
     dtype = est._converted.dtype
@@ -303,7 +303,7 @@ def validate_validation_data(est, X_val, dtype):
     the features ``X`` had (names included), which the trained graph takes as it
     takes ``X``: the head of a template Pipeline is part of that graph.
     """
-    from ._base import _as_rows
+    from ._loops import _as_rows
 
     if "_raw_columns" in est.__dict__:
         check_raw_frame(est, X_val)
