@@ -3,7 +3,7 @@
 ``fit`` given dask arrays, DataFrames or Series (``_base._fit`` sends them here):
 
 - Without a ``distributed`` client, or for what this version trains in one process
-  (multilabel targets, local SGD with early stopping's held-out split,
+  (local SGD with early stopping's held-out split,
   a loss whose rows mix, non-numeric columns without a ColumnTransformer head), the
   collections
   are computed into memory and the fit runs as it does on NumPy or pandas data, which
@@ -154,7 +154,6 @@ def _optimizer(est, incremental=False):
 def _why_local(est, client, X, y, incremental, given_validation=False):
     """Why these collections are trained in this process (None: on the workers)."""
     from dask.base import is_dask_collection
-    from sklearn.base import is_classifier
 
     if client is None:
         return (
@@ -185,8 +184,6 @@ def _why_local(est, client, X, y, incremental, given_validation=False):
         return "X is not 2-D"
     if kind == "array" and not isinstance(X._meta, np.ndarray) and not _scipy_sparse(X._meta):
         return f"the blocks of X are {type(X._meta).__name__}, not NumPy or SciPy arrays"
-    if is_classifier(est) and _width(y) not in (None, 1):
-        return "y is a label indicator matrix (multilabel)"
     return None
 
 
@@ -362,14 +359,19 @@ class DaskRows:
         head = self._fit_head(est, xs, addresses, first_call)
         if head is not None:  # raw columns: the workers train on the head's output
             n_features = _sample(client, head, None, xs, addresses).shape[1]
+        multilabel = classifier and width not in (None, 1)
         if classifier:
             found = client.gather([client.submit(_labels, f, name, pure=False) for f in ys])
             labels, counts = _merge_labels(found)
         else:
             labels, counts = np.zeros((1, width or 1)), None
         # the estimator's own checks of the targets (classes, their number, a continued
-        # fit's), on the labels found (a regressor: on one row)
-        _, fitted = est._validate_targets(labels, first_call, incremental, classes)
+        # fit's), on the labels found (a regressor: on one row; an indicator matrix: on
+        # two rows of its lowest and highest values, a multilabel indicator for 0 and 1)
+        shown = labels
+        if multilabel:
+            shown = np.array([np.full(width, labels.min()), np.full(width, labels.max())])
+        _, fitted = est._validate_targets(shown, first_call, incremental, classes)
         spec = {
             "name": name,
             "dtype": np.dtype(dtype),
@@ -379,6 +381,7 @@ class DaskRows:
             "width": len(fitted["classes_"]) if classifier else (width or 1),
             "class_weight": None,
             "head": head,
+            "multilabel": multilabel,
         }
         if classifier and est._class_weight() is not None:
             spec["class_weight"] = (labels, _class_weights(est._class_weight(), labels, counts))
@@ -1184,7 +1187,14 @@ def _prepare(index, x, y, w, spec):
     y = np.asarray(_check_y(y, multi_output=True, y_numeric=not spec["classifier"], estimator=name))
     if y.ndim == 2 and y.shape[1] == 1:
         y = y.ravel()
-    if spec["classifier"]:
+    if spec["multilabel"]:  # a label indicator matrix, as it is
+        if y.ndim != 2 or y.shape[1] != spec["width"]:
+            raise ValueError(
+                f"y has {y.shape[1] if y.ndim == 2 else 1} columns in partition {index}, "
+                f"the label indicator matrix {spec['width']}."
+            )
+        y2d = y
+    elif spec["classifier"]:
         y2d = np.eye(len(spec["classes"]), dtype=np.float32)[np.searchsorted(spec["classes"], y)]
     else:
         y2d = np.ascontiguousarray(y.reshape(n, -1), dtype=np.float64)

@@ -274,6 +274,25 @@ def test_sparse_blocks_train_on_the_workers(client, optimizer):
     assert_close_fit(got, expected, rtol=1e-4, atol=1e-5)
 
 
+def test_multilabel_targets_train_on_the_workers(client):
+    X, _ = binary_data(900, 6, seed=11)
+    Y = np.stack([X[:, 0] > 0, X[:, 1] + X[:, 2] > 0, X[:, 3] > 0.5], axis=1).astype(np.int64)
+    params = dict(optimizer="adam", max_iter=3, batch_size=64, random_state=0)
+    template = MLPClassifier(hidden_layer_sizes=(8,))
+    before = served(client)
+    with pytest.warns(ConvergenceWarning):
+        got = OrtGradientClassifier(template, **params).fit(
+            da.from_array(X, chunks=300), da.from_array(Y, chunks=(300, 3))
+        )
+    assert sum(served(client).values()) > sum(before.values())
+    with pytest.warns(ConvergenceWarning):
+        expected = OrtGradientClassifier(template, **params).fit(X, Y)
+    assert got._multilabel and list(got.classes_) == [0, 1, 2]
+    np.testing.assert_allclose(got.loss_curve_, expected.loss_curve_, rtol=1e-5)
+    np.testing.assert_allclose(mlp_weights(got), mlp_weights(expected), rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(got.predict(X), expected.predict(X))
+
+
 def test_predict_on_dask_collections(client):
     X, y = binary_data(3000, 5, seed=3)
     est = OrtGradientClassifier(LogisticRegression()).fit(X, y)
