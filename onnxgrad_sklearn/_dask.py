@@ -1057,8 +1057,17 @@ class _LocalBatches(_DaskBatches):
             return self._tasks(first, last, state["step"], learning_rate, payload, data)
 
         rows = self.rows
+        started = time.perf_counter()
         results = [r for r in rows._round(rows.epochs["local"], sent, plan=plan) if r[0]]
         rows.rounds += 1
+        logger.debug(
+            "dask round %d: steps %d to %d on %d workers, %.4f s",
+            rows.rounds,
+            first + 1,
+            last,
+            len(results),
+            time.perf_counter() - started,
+        )
         if not results:
             return None, 0
         trained = sum(r[0] for r in results)
