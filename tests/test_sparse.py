@@ -14,6 +14,7 @@ from sklearn.neural_network import MLPClassifier, MLPRegressor
 from sklearn.utils import get_tags
 
 import onnxgrad_sklearn._base as base_module
+import onnxgrad_sklearn._loops as loops_module
 from onnxgrad_sklearn import OrtGradientClassifier, OrtGradientRegressor
 
 rng = np.random.RandomState(0)
@@ -40,7 +41,8 @@ def _fit(est, X, y, method="fit", **kwargs):
 def small_chunks(monkeypatch):
     # A few rows per chunk: L-BFGS, predict and the validation split go over several.
     monkeypatch.setattr(base_module, "_CHUNK_VALUES", 7 * 30)
-    monkeypatch.setattr(base_module._FullBatchObjective, "chunk_values", 7 * 30)
+    monkeypatch.setattr(loops_module, "_CHUNK_VALUES", 7 * 30)
+    monkeypatch.setattr(loops_module._FullBatchObjective, "chunk_values", 7 * 30)
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "lbfgs"])
