@@ -214,3 +214,80 @@ def test_cold_start_targets(cold_start):
     for t in targets:
         assert t["issue"] == 30 and t["backend"] == "standard"
         assert t["met"] in (True, False) and _positive_finite(t["measured"])
+
+
+# ---------------------------------------------------------------------------
+# benchmarks/dask_cluster.py: issue 31's figures, a LocalCluster against one process
+# ---------------------------------------------------------------------------
+
+DASK_CLUSTER = os.path.join(ROOT, "benchmarks", "dask_cluster.py")
+DASK_PARTS = ("memory", "round", "lbfgs")
+DASK_COLUMNS = ("cluster", "process", "process_1_thread", "dask_ml")
+
+
+@pytest.fixture(scope="module")
+def dask_cluster():
+    """Run ``dask_cluster.py --quick`` once (about 20 s); return its JSON and process."""
+    for module in ("distributed", "dask_ml", "dask_glm", "psutil"):
+        pytest.importorskip(module)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as out:
+        proc = subprocess.run(
+            [sys.executable, DASK_CLUSTER, "--quick", "--out", out],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=ROOT,
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        with open(os.path.join(out, "dask_cluster.json")) as f:
+            return json.load(f), proc
+
+
+def test_dask_cluster_meta(dask_cluster):
+    doc, proc = dask_cluster
+    meta = doc["meta"]
+    assert meta["mode"] == "quick" and meta["parts"] == list(DASK_PARTS)
+    assert meta["commit"] and meta["cpu_count"] >= 1
+    assert meta["cluster"] == "LocalCluster(n_workers=2, threads_per_worker=1)"
+    assert meta["one_process_threads"] == 2
+    assert meta["package"]["file"].startswith(ROOT)  # this checkout's package
+    for key in ("load_before", "load_after"):
+        assert len(meta[key]["loadavg"]) == 3
+    assert {"rows", "columns", "partitions", "rounds", "repeats"} <= set(meta["sizes"])
+    assert "| target (issue 31) |" in proc.stdout
+
+
+def test_dask_cluster_parts_are_measured(dask_cluster):
+    doc, _ = dask_cluster
+    parts = doc["parts"]
+    assert list(parts) == list(DASK_PARTS)
+    memory = parts["memory"]
+    assert memory["data_bytes"] > 0 and len(memory["fits"]) == 2
+    for fit in memory["fits"]:
+        assert _positive_finite(fit["peak_mb"]) and fit["evaluations"] > 0
+    rounds = parts["round"]
+    for key in ("pinned_noop_task_per_worker", "objective_on_cluster", "objective_in_process"):
+        summary = rounds[key]
+        assert _positive_finite(summary["median"]) and summary["p95"] >= summary["median"]
+    assert set(rounds["tasks_per_round"]) <= {1, 2}  # one task per worker holding rows
+    lbfgs = parts["lbfgs"]
+    for column in DASK_COLUMNS:
+        run = lbfgs["runs"][column][0]
+        assert run["evaluations"] > 0 and run["iterations"] > 0, column
+        assert _positive_finite(run["s_per_evaluation"]), column
+    cluster = lbfgs["runs"]["cluster"][0]
+    assert set(cluster["tasks_per_round"]) <= {1, 2}
+    assert cluster["rounds_logged"] == cluster["evaluations"]
+    # the same objective on both sides: equal at both sides' final weights
+    assert lbfgs["objective_rel_diff"]["cluster_vs_dask_ml"] < 1e-6
+
+
+def test_dask_cluster_targets(dask_cluster):
+    doc, _ = dask_cluster
+    targets = [t for part in doc["parts"].values() for t in part["targets"]]
+    assert len(targets) == 5
+    for t in targets:
+        assert t["issue"] == 31 and t["met"] in (True, False)
+        assert math.isfinite(t["measured"])
