@@ -187,6 +187,19 @@ def _why_local(est, client, X, y, incremental, given_validation=False):
     return None
 
 
+def _spread(holders, sizes):
+    """For each item, one of its ``holders``: the one with the least ``sizes`` given so
+    far (items held by one worker first), so that items held by several workers (a
+    block computed, or replicated, on more than one) are spread over them."""
+    load = Counter()
+    chosen = [None] * len(holders)
+    for i in sorted(range(len(holders)), key=lambda i: len(holders[i])):
+        best = min(holders[i], key=lambda a: (load[a], a))
+        chosen[i] = best
+        load[best] += int(sizes[i])
+    return chosen
+
+
 def _scipy_sparse(value) -> bool:
     import scipy.sparse as sp
 
@@ -529,7 +542,7 @@ class DaskRows:
             if f.status == "error":
                 f.result()  # raises what computing X raised
         holders = client.who_has(xs)
-        addresses = [sorted(holders[f.key])[0] for f in xs]
+        addresses = _spread([sorted(holders[f.key]) for f in xs], [1] * len(xs))
         if any(blocks is None for blocks in items):  # in memory, or not aligned with X
             lengths = lengths or tuple(
                 client.gather(
@@ -553,12 +566,16 @@ class DaskRows:
         return xs, out[0], out[1], addresses
 
     def _place(self, holders=None, alive=None):
-        """Which worker serves each partition: the one that holds it."""
+        """Which worker serves each partition: one that holds it (of a partition held by
+        several, the one with the fewest rows so far)."""
         holders = self.client.who_has(self.parts) if holders is None else holders
+        where = [
+            sorted(a for a in holders.get(f.key, ()) if alive is None or a in alive)
+            for f in self.parts
+        ]
         placement = {}
-        for k, f in enumerate(self.parts):
-            where = sorted(a for a in holders.get(f.key, ()) if alive is None or a in alive)
-            placement.setdefault(where[0], []).append(k)
+        for k, address in enumerate(_spread(where, np.diff(self.offsets))):
+            placement.setdefault(address, []).append(k)
         self.placement = placement
 
     # the objective -----------------------------------------------------------

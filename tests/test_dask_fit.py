@@ -293,6 +293,26 @@ def test_multilabel_targets_train_on_the_workers(client):
     np.testing.assert_array_equal(got.predict(X), expected.predict(X))
 
 
+def test_partitions_held_by_both_workers_are_served_by_both(client, caplog):
+    """Blocks replicated on every worker: each worker serves half of them, none moved."""
+    client.wait_for_workers(2, timeout=60)
+    X, y = binary_data(8000, 5, seed=12)
+    Xd = client.persist(da.from_array(X, chunks=1000))
+    yd = client.persist(da.from_array(y, chunks=1000))
+    futures = distributed.futures_of(Xd) + distributed.futures_of(yd)
+    client.replicate(futures, n=2)
+    assert all(len(w) == 2 for w in client.who_has(futures).values())
+    before = served(client)
+    with caplog.at_level(logging.INFO, logger="onnxgrad_sklearn"):
+        got = OrtGradientClassifier(LogisticRegression()).fit(Xd, yd)
+    after = served(client)
+    assert "moved before the fit" not in caplog.text
+    counts = [after[a] - before.get(a, 0) for a in after]
+    assert len(counts) == 2 and counts[0] == counts[1] > 0, counts  # one task each a round
+    expected = OrtGradientClassifier(LogisticRegression()).fit(X, y)
+    assert_close_fit(got, expected, rtol=1e-4, atol=1e-5)
+
+
 def test_predict_on_dask_collections(client):
     X, y = binary_data(3000, 5, seed=3)
     est = OrtGradientClassifier(LogisticRegression()).fit(X, y)
