@@ -3,7 +3,7 @@
 Run from the repository root::
 
     python benchmarks/dask_cluster.py                 # every part, full sizes (a few minutes)
-    python benchmarks/dask_cluster.py --part lbfgs    # one part: memory, round or lbfgs
+    python benchmarks/dask_cluster.py --part lbfgs    # one part: memory, round, lbfgs or minibatch
     python benchmarks/dask_cluster.py --quick         # small sizes, under a minute: checks it runs
     python benchmarks/dask_cluster.py --repeats 3     # fits per column in the lbfgs part (5)
     python benchmarks/dask_cluster.py --max-wait 0    # do not wait for a quiet machine
@@ -123,6 +123,10 @@ FULL = {
     "tiny_rows": 16,
     "repeats": 5,
     "retries": 3,
+    "mlp_rows": 50_000,
+    "mlp_epochs": (2, 6),
+    "mlp_repeats": 3,
+    "sync_rows": 10_000,
 }
 QUICK = {
     "rows": 20_000,
@@ -132,6 +136,10 @@ QUICK = {
     "tiny_rows": 16,
     "repeats": 1,
     "retries": 0,
+    "mlp_rows": 3_000,
+    "mlp_epochs": (1, 2),
+    "mlp_repeats": 1,
+    "sync_rows": 1_000,
 }
 
 DISTRIBUTIONS = (
@@ -970,9 +978,117 @@ def _our_run(est, wall, calls, others) -> dict:
     }
 
 
-# minibatch: issue 31's local SGD throughput (the batch-256 MLP, sync_every=16 and 1)
-# is a later part: register it here with @part("minibatch"), returning "figures" and
-# "targets" as the parts above.
+def _mlp_data(rows: int, features: int = 100):
+    """The bench.py workload ``mlp_reg_b256``'s data: X standard normal, y a smooth
+    function of a random projection plus noise (float32)."""
+    rng = np.random.default_rng(SEED)
+    X = rng.standard_normal((rows, features), dtype=np.float32)
+    w = rng.standard_normal(features).astype(np.float32) / np.sqrt(features)
+    y = (np.tanh(X @ w) + 0.1 * rng.standard_normal(rows)).astype(np.float32)
+    return X, y
+
+
+def _mlp(threads=None, **params):
+    from sklearn.neural_network import MLPRegressor
+
+    from onnxgrad_sklearn import OrtGradientRegressor
+
+    return OrtGradientRegressor(
+        MLPRegressor(hidden_layer_sizes=(256, 256)),
+        optimizer="nesterov",
+        batch_size=256,
+        learning_rate_init=0.001,
+        random_state=0,
+        n_jobs=threads,
+        **params,
+    )
+
+
+def _epoch_seconds(make, X, y, epochs, repeats, max_wait):
+    """Seconds an epoch from the difference of two fits (``epochs[0]`` and ``[1]``
+    epochs: the set-up cancels out), medians over ``repeats``; the longer fit's
+    final training loss."""
+    times = {e: [] for e in epochs}
+    loss = None
+    for _ in range(repeats):
+        for e in epochs:
+            wait_quiet(max_wait)
+            est, wall, _, _ = timed_fit(make(e), X, y, contextlib.nullcontext([]))
+            times[e].append(wall)
+            if e == epochs[1]:
+                loss = float(est.loss_curve_[-1])
+    short, long_ = (float(np.median(times[e])) for e in epochs)
+    per_epoch = (long_ - short) / (epochs[1] - epochs[0])
+    return per_epoch, short - epochs[0] * per_epoch, loss, times
+
+
+@part("minibatch")
+def part_minibatch(sizes: dict) -> dict:
+    """Mini-batch throughput: the batch-256 MLP (100-256-256-1, Nesterov) on the
+    cluster with ``sync_every=16`` (local SGD) and ``sync_every=1`` (synchronous),
+    against one process at 2 threads; epochs per second from the difference of a
+    short and a long fit, and the final training loss after the same epochs."""
+    import dask.array as da
+
+    rows, epochs = sizes["mlp_rows"], sizes["mlp_epochs"]
+    X, y = _mlp_data(rows)
+    repeats, max_wait = sizes["mlp_repeats"], sizes["max_wait"]
+    out = {"rows": rows, "epochs": list(epochs), "runs": {}}
+    quiet(_mlp(THREADS, max_iter=1).fit, X, y)  # the sessions of this process, warm
+    per, setup, loss, times = _epoch_seconds(
+        lambda e: _mlp(THREADS, max_iter=e), X, y, epochs, repeats, max_wait
+    )
+    out["runs"]["one process"] = dict(epoch_s=per, setup_s=setup, loss=loss, times=times)
+    with cluster() as client:
+        Xd = client.persist(da.from_array(X, chunks=(-(-rows // 4), -1)))
+        yd = client.persist(da.from_array(y, chunks=-(-rows // 4)))
+        for k, label in ((16, "sync_every=16"), (1, "sync_every=1")):
+            if k == 1:  # one round a step: a shorter measure
+                e1 = (1, 2)
+                rows_1 = min(rows, sizes["sync_rows"])
+                Xd, yd = Xd[:rows_1], yd[:rows_1]
+            else:
+                e1, rows_1 = epochs, rows
+            quiet(_mlp(max_iter=1, sync_every=k).fit, Xd, yd)  # the workers' engines, warm
+            per_k, setup_k, loss_k, times_k = _epoch_seconds(
+                lambda e, k=k: _mlp(max_iter=e, sync_every=k), Xd, yd, e1, repeats, max_wait
+            )
+            out["runs"][label] = dict(
+                epoch_s=per_k, setup_s=setup_k, loss=loss_k, times=times_k, rows=rows_1
+            )
+    one = out["runs"]["one process"]
+    local = out["runs"]["sync_every=16"]
+    sync = out["runs"]["sync_every=1"]
+    rows_per_s = {name: r.get("rows", rows) / r["epoch_s"] for name, r in out["runs"].items()}
+    out["rows_per_s"] = rows_per_s
+    throughput = rows_per_s["sync_every=16"] / rows_per_s["one process"]
+    loss_gap = local["loss"] / one["loss"] - 1
+    out["figures"] = [
+        (
+            f"one process (2 threads), {rows:,} rows",
+            f"{one['epoch_s']:.3f} s an epoch; loss after {epochs[1]} epochs {one['loss']:.5f}",
+        ),
+        (
+            "sync_every=16 (local SGD)",
+            f"{local['epoch_s']:.3f} s an epoch = {throughput:.2f} x the one process's "
+            f"throughput; loss {local['loss']:.5f} ({100 * loss_gap:+.2f}%)",
+        ),
+        (
+            f"sync_every=1 (one round a step), {sync['rows']:,} rows",
+            f"{sync['rows'] / sync['epoch_s']:,.0f} rows/s = "
+            f"{rows_per_s['sync_every=1'] / rows_per_s['one process']:.3f} x the one process's",
+        ),
+    ]
+    out["targets"] = [
+        target("local SGD (sync_every=16) throughput / one process", throughput, 0.8, ">="),
+        target(
+            f"local SGD final training loss / one process's - 1 (after {epochs[1]} epochs)",
+            abs(loss_gap),
+            0.02,
+            "<=",
+        ),
+    ]
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -1087,6 +1203,13 @@ def main(argv=None) -> int:
     doc = run(parts, args.quick, args.repeats, args.max_wait)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "dask_cluster.json")
+    if args.part is not None and os.path.exists(path):  # the other parts' last results stay
+        with open(path) as f:
+            kept = json.load(f)
+        if kept.get("meta", {}).get("mode") == doc["meta"]["mode"]:
+            kept["parts"].update(doc["parts"])
+            kept.setdefault("runs_meta", {}).update({name: doc["meta"] for name in doc["parts"]})
+            doc = kept
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
     print()

@@ -221,7 +221,7 @@ def test_cold_start_targets(cold_start):
 # ---------------------------------------------------------------------------
 
 DASK_CLUSTER = os.path.join(ROOT, "benchmarks", "dask_cluster.py")
-DASK_PARTS = ("memory", "round", "lbfgs")
+DASK_PARTS = ("memory", "round", "lbfgs", "minibatch")
 DASK_COLUMNS = ("cluster", "process", "process_1_thread", "dask_ml")
 
 
@@ -282,12 +282,17 @@ def test_dask_cluster_parts_are_measured(dask_cluster):
     assert cluster["rounds_logged"] == cluster["evaluations"]
     # the same objective on both sides: equal at both sides' final weights
     assert lbfgs["objective_rel_diff"]["cluster_vs_dask_ml"] < 1e-6
+    minibatch = parts["minibatch"]
+    for name in ("one process", "sync_every=16", "sync_every=1"):
+        # the difference of two short fits: finite (it may be noise in a quick run)
+        assert math.isfinite(minibatch["rows_per_s"][name]), name
+        assert _positive_finite(minibatch["runs"][name]["loss"]), name
 
 
 def test_dask_cluster_targets(dask_cluster):
     doc, _ = dask_cluster
     targets = [t for part in doc["parts"].values() for t in part["targets"]]
-    assert len(targets) == 5
+    assert len(targets) == 7
     for t in targets:
         assert t["issue"] == 31 and t["met"] in (True, False)
         assert math.isfinite(t["measured"])
