@@ -615,7 +615,9 @@ class SessionPool:
     two graphs are never confused, whatever made them.
 
     * :meth:`shared`: a session several fits run at once (``InferenceSession.run``
-      is thread-safe), at most ``size`` kept, the least recently used dropped first.
+      is thread-safe), at most ``size`` kept and sessions of at most ``weights``
+      weights in all (a session's memory grows with its model's), the least recently
+      used dropped first.
     * :meth:`checkout` / :meth:`give_back`: an object one fit uses at a time (a
       TrainingAgent, which is not thread-safe): a fit takes one out, a fit running
       at the same time gets another, and it comes back at the end of the fit; at
@@ -623,34 +625,39 @@ class SessionPool:
 
     Parameters
     ----------
-    size : int, default=48
+    size : int, default=32
         Shared sessions kept.
     idle : int, default=2
         Checked-in objects kept per key (and ``size`` in all).
+    weights : int, default=4_000_000
+        The weights of the models of the sessions kept, in all (as given by each
+        call, ``weights=``).
     """
 
-    def __init__(self, size: int = 48, idle: int = 2):
-        self.size, self.idle = size, idle
-        self._shared: OrderedDict = OrderedDict()
+    def __init__(self, size: int = 32, idle: int = 2, weights: int = 4_000_000):
+        self.size, self.idle, self.weights = size, idle, weights
+        self._shared: OrderedDict = OrderedDict()  # key -> (session, weights)
         self._waiting: OrderedDict = OrderedDict()  # key -> list of checked-in objects
         self._lock = threading.Lock()
 
-    def shared(self, key, make):
-        """The session of ``key``, made by ``make()`` if none is kept (``key=None``: made)."""
+    def shared(self, key, make, weights: int = 0):
+        """The session of ``key``, made by ``make()`` if none is kept (``key=None``: made).
+
+        ``weights``: the weights of its model (what bounds the pool's memory).
+        """
         if key is None:
             return make()
         with self._lock:
             found = self._shared.get(key)
             if found is not None:
                 self._shared.move_to_end(key)
-                return found
+                return found[0]
         made = make()  # outside the lock: another fit may make another one meanwhile
         with self._lock:
-            found = self._shared.setdefault(key, made)
+            found = self._shared.setdefault(key, (made, int(weights)))
             self._shared.move_to_end(key)
-            while len(self._shared) > self.size:
-                self._shared.popitem(last=False)
-        return found
+            self._evict(self._shared, lambda entry: entry[1])
+        return found[0]
 
     def checkout(self, key, make):
         """An object of ``key`` no other fit uses: a waiting one, or ``make()``."""
@@ -659,20 +666,28 @@ class SessionPool:
                 waiting = self._waiting.get(key)
                 if waiting:
                     self._waiting.move_to_end(key)
-                    return waiting.pop()
+                    return waiting.pop()[0]
         return make()
 
-    def give_back(self, key, obj) -> None:
-        """Put back an object :meth:`checkout` gave (dropped beyond ``idle`` per key)."""
+    def give_back(self, key, obj, weights: int = 0) -> None:
+        """Put back an object :meth:`checkout` gave (dropped beyond ``idle`` per key);
+        ``weights``: those of its model."""
         if key is None:
             return
         with self._lock:
             waiting = self._waiting.setdefault(key, [])
             self._waiting.move_to_end(key)
             if len(waiting) < self.idle:
-                waiting.append(obj)
-            while sum(map(len, self._waiting.values())) > self.size:
-                self._waiting.popitem(last=False)
+                waiting.append((obj, int(weights)))
+            self._evict(self._waiting, lambda entries: sum(w for _, w in entries), len)
+
+    def _evict(self, entries: OrderedDict, weights, count=lambda entry: 1) -> None:
+        """Drop the least recently used of ``entries`` beyond the bounds (lock held)."""
+        while len(entries) > 1 and (
+            sum(map(count, entries.values())) > self.size
+            or sum(map(weights, entries.values())) > self.weights
+        ):
+            entries.popitem(last=False)
 
     def clear(self) -> None:
         """Drop every session and waiting object."""

@@ -432,9 +432,12 @@ def all_finite(array: np.ndarray, chunk: int = 1 << 16) -> bool:
     return all(np.isfinite(flat[i : i + chunk]).all() for i in range(0, flat.size, chunk))
 
 
-def shared_session(blob: bytes, digest, options, providers, provider_options=None, **kwargs):
+def shared_session(
+    blob: bytes, digest, options, providers, provider_options=None, weights=0, **kwargs
+):
     """The process's session of the graph ``blob`` (:data:`~onnxgrad_sklearn.runtime.SESSIONS`),
-    found by ``digest`` and the session's settings; ``digest=None``: a new one."""
+    found by ``digest`` and the session's settings; ``digest=None``: a new one.
+    ``weights``: those of the model, what bounds the pool's memory."""
 
     def make():
         return make_session(blob, options, providers, provider_options, **kwargs)
@@ -442,7 +445,7 @@ def shared_session(blob: bytes, digest, options, providers, provider_options=Non
     if digest is None:
         return make()
     key = (digest, options_key(options, providers, provider_options, **kwargs))
-    return SESSIONS.shared(key, make)
+    return SESSIONS.shared(key, make, weights)
 
 
 class Backend:
@@ -534,7 +537,9 @@ class Backend:
         self.constants = {
             name: np.asarray(value, dtype=self.dtype) for name, value in (constants or {}).items()
         }
-        self.shared = sum(int(np.prod(shape)) for shape in self.shapes) < runtime.LARGE_MODEL
+        #: The number of weights trained.
+        self.n_weights = sum(int(np.prod(shape)) for shape in self.shapes)
+        self.shared = self.n_weights < runtime.LARGE_MODEL
 
     @property
     def model(self) -> onnx.ModelProto | None:
@@ -553,7 +558,7 @@ class Backend:
         options = self.options if options is None else options
         return shared_session(
             blob, digest if self.shared else None, options, self.providers, self.provider_options,
-            **kwargs,
+            weights=self.n_weights, **kwargs,
         )  # fmt: skip
 
     # what each backend implements --------------------------------------

@@ -244,6 +244,8 @@ class OrtGradientForwardBackward:
         (:data:`~onnxgrad_sklearn.runtime.SESSIONS`): the forward session shared,
         the TrainingAgent (not thread-safe) taken out of the pool when first used
         and put back by :meth:`release`.
+    n_weights : int, default=0
+        The number of weights trained (what bounds the pool's memory).
 
     Attributes
     ----------
@@ -270,6 +272,7 @@ class OrtGradientForwardBackward:
         provider_options: Sequence[dict] | None = None,
         graphs=None,
         shared: bool = False,
+        n_weights: int = 0,
     ):
         if graphs is None:
             from .. import artifacts
@@ -291,6 +294,7 @@ class OrtGradientForwardBackward:
         self._n_user_outputs = int(meta["n_user_outputs"])
         self._session_options = session_options
         self.shared = shared
+        self._n_weights = n_weights  # what bounds the pool's memory
         self._agent_key = None
         if shared:
             self._agent_key = (
@@ -446,7 +450,7 @@ class OrtGradientForwardBackward:
         """Put the TrainingAgent back into the pool (shared only; a later pass takes one again)."""
         if self.shared and self._agent is not None:
             agent, self._agent = self._agent, None
-            SESSIONS.give_back(self._agent_key, agent)
+            SESSIONS.give_back(self._agent_key, agent, self._n_weights)
 
     def forward(self, inputs: Sequence[OrtValue], weights: Sequence[OrtValue]):
         """Run the training forward pass.
@@ -529,6 +533,7 @@ class OrtGradientForwardBackward:
                 self._session_options,
                 self.providers,
                 self.provider_options,
+                weights=self._n_weights,
             )
         return self._eval_session
 
@@ -556,6 +561,7 @@ class AgentBackend(Backend):
             provider_options=self.provider_options,
             graphs=self.plan,
             shared=self.shared,
+            n_weights=self.n_weights,
         )
         # the training graph's inputs after the batch (the penalty's coefficients)
         self._constant_feeds = [
