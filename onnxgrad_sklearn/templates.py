@@ -232,7 +232,7 @@ def _match(init: np.ndarray, value: np.ndarray):
     return None
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: its values are arrays
 class ConvertedTemplate:
     """A template converted to ONNX, with its parameters located in the graph.
 
