@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -26,7 +27,6 @@ from ._callbacks import (
     uses_validation_data,
 )
 from ._frames import (
-    graph_width,
     join_head,
     run_raw,
     validate_fit_data,
@@ -48,9 +48,8 @@ from .losses import BaseLoss, get_loss
 from .optim import OPTIMIZER_NAMES, SGD, BaseOptimizer, LearningRateSchedule, get_optimizer
 from .runtime import (
     device_to_providers,
-    import_onnxruntime,
     intra_op_threads,
-    release_model_bytes,
+    make_session,
     session_options,
     session_providers,
 )
@@ -205,6 +204,10 @@ class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
         """Turn the trained graph's prediction into the loss's first input."""
         return prediction
 
+    def _loss_input_key(self):
+        """What :meth:`_loss_input` does, as a value for the training artifact's key."""
+        return "prediction"
+
     def _resolve_loss(self, loss):
         """The loss to train with, once the template is known."""
         return loss
@@ -216,19 +219,22 @@ class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
         raise NotImplementedError
 
     def _export(self):
-        """The ONNX model ``to_onnx`` returns, made after each fit.
+        """What ``to_onnx`` returns and ``predict`` runs, set after each fit.
 
         The trained graph itself, or for a template trained through another view
         (a classifier, a GLM) the template's own graph: converted once per
-        template, then given the trained weights; a graph whose weights cannot be
-        located (binary LogisticRegression stores [-w, w], LinearSVC keeps them
-        in node attributes) is converted at each export. After a fit on raw
-        DataFrame columns, the graph of the final model with the head's graph
-        joined in front of it: one input per column.
+        template (an artifact, :func:`~onnxgrad_sklearn.templates.convert_template`),
+        then given the trained weights. Either is a :class:`ConvertedTemplate`
+        holding them, whose ONNX model is made when first asked for (its session
+        needs none: :meth:`ConvertedTemplate.session`). A graph whose weights cannot
+        be located (binary LogisticRegression stores [-w, w], LinearSVC keeps them
+        in node attributes) is converted at each export, and after a fit on raw
+        DataFrame columns the final model's graph gets the head's graph joined in
+        front of it (one input per column): an ONNX model, made here.
         """
         est = self._exported_estimator()
         if trained_view(est) is est:
-            return join_head(self, self._converted.model)
+            return self._with_head(self._converted)
         located = self.__dict__.get("_export_converted")
         if located is None:
             try:
@@ -237,7 +243,14 @@ class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
                 model = export_model(est, self._export_inputs(), self._converted.dtype)
                 return join_head(self, model)
             self._export_converted = located
-        return join_head(self, located.with_values(located.values_from(final_estimator(est))))
+        values = located.values_from(final_estimator(est))
+        return self._with_head(dataclasses.replace(located, values=values))
+
+    def _with_head(self, converted):
+        """``converted``, or after a fit on raw columns its model with the head joined."""
+        if "_raw_columns" in self.__dict__:
+            return join_head(self, converted.model)
+        return converted
 
     def _exported_estimator(self):
         """What skl2onnx converts: ``estimator_``, or after a fit on raw DataFrame
@@ -249,20 +262,24 @@ class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
     def _export_inputs(self):
         """Width of the exported graph's input ``X``: the features, or the head's output."""
         if "_raw_columns" in self.__dict__:
-            return graph_width(self._converted.model)
+            return self._converted.input_width
         return self.n_features_in_
 
     # pickling ------------------------------------------------------------
     def __getstate__(self):
         # Runtime sessions and OrtValues are not pickled: they are rebuilt on
-        # first use. The optimizer state is kept as numpy arrays, models as bytes.
+        # first use. The optimizer state is kept as numpy arrays, models as bytes
+        # (a ConvertedTemplate: its skeleton's bytes and the weights as arrays, so
+        # that neither pickling nor unpickling needs onnx).
         state = dict(super().__getstate__())
         engine = state.pop("_engine", None)
         state.pop("_session", None)
         state.pop("_logit_session", None)
         if engine is not None:
             state["_optimizer_state"] = engine.get_state()
-        if "_export_model" in state:
+        if state.get("_export_model") is not None and not isinstance(
+            state["_export_model"], ConvertedTemplate
+        ):
             state["_export_model"] = state["_export_model"].SerializeToString()
         return state
 
@@ -276,7 +293,7 @@ class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
 
     def __setstate__(self, state):
         state = dict(state)
-        if isinstance(state.get("_export_model"), bytes):
+        if isinstance(state.get("_export_model"), bytes):  # an ONNX model of its own
             state["_export_model"] = onnx.load_from_string(state["_export_model"])
         super().__setstate__(state)
         if "_export_model" in state:
@@ -654,11 +671,12 @@ class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
             return
         conv = self._converted
         final = final_estimator(self.estimator_)
-        for k in self._trained_indices():
+        trained = self._trained_indices()
+        for k in trained:
             old = conv.params[k].get(final)
             placeholder = np.broadcast_to(np.array(np.nan, dtype=old.dtype), old.shape)
             conv.params[k].set(final, placeholder)  # no memory: one NaN, read-only
-        conv.model = conv.with_values(None)
+        conv.values = [None if k in trained else v for k, v in enumerate(conv.values)]
         self._export_model = None
 
     def _check_weights_stored(self, what):
@@ -711,7 +729,7 @@ class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
         names = [conv.initializer_names[k] for k in idx]
         penalized = [conv.initializer_names[k] for k in idx if conv.params[k].penalized]
         return TrainingEngine(
-            conv.model,
+            conv,  # its artifact's key names the structure; its values are the start
             conv.output_name,
             names,
             penalized,
@@ -722,6 +740,7 @@ class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
             l1_ratio=penalty[1],
             device=self.device,
             loss_input=self._loss_input,
+            loss_input_key=self._loss_input_key(),
             backend=self.backend,
             threads=self._intra_op_threads,
         )
@@ -735,7 +754,7 @@ class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
         values = conv.initializer_values(skip=set(indices))
         for k, w in zip(indices, trained):
             values[k] = w
-        conv.model = conv.with_values(values)
+        conv.values = values  # the ONNX model is made from them when asked for
         final = final_estimator(self.estimator_)
         conv.write_back(final, values)
         if hasattr(final, "loss_curve_"):  # an MLP: its own counters follow the training
@@ -792,8 +811,9 @@ class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
                     self._exported_estimator(), self._export_inputs(), np.dtype(dtype)
                 )
                 return join_head(self, model, np.dtype(dtype))
+        export = self._export_model
         model = onnx.ModelProto()
-        model.CopyFrom(self._export_model)
+        model.CopyFrom(export.model if isinstance(export, ConvertedTemplate) else export)
         return model
 
     def _make_sessions(self):
@@ -817,27 +837,23 @@ class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
                 stacklevel=3,
             )
             providers, provider_options = ["CPUExecutionProvider"], [{}]
-        onnxruntime = import_onnxruntime()
         # the threads of where the sessions are made (a worker after unpickling)
-        options = session_options(intra_op_threads(getattr(self, "n_jobs", None)))
+        threads = intra_op_threads(getattr(self, "n_jobs", None))
 
         def session(model):
-            made = onnxruntime.InferenceSession(
-                model.SerializeToString(),
-                sess_options=options,
-                providers=providers,
-                provider_options=provider_options,
+            # a ConvertedTemplate: its skeleton's bytes, the weights given as initializers
+            options = session_options(threads)  # one each: add_initializer changes them
+            if isinstance(model, ConvertedTemplate):
+                return model.session(options, providers, provider_options)
+            return make_session(
+                model.SerializeToString(), options, providers, provider_options, strict=False
             )
-            release_model_bytes(made)
-            return made
 
         # The previous fit's sessions go first: each holds a copy of the weights.
         self._session = self._logit_session = None
         self._session = session(self._export_model)
         self._logit_session = (
-            self._session
-            if self._export_model is self._converted.model
-            else session(self._converted.model)
+            self._session if self._export_model is self._converted else session(self._converted)
         )
 
     def _run_onnx(self, X, trained_graph=False):

@@ -1,14 +1,24 @@
 """Training artifacts: what a fit derives from a model's structure, built once.
 
-A fit converts the template with skl2onnx and, on the standard backend, builds the
-step graph with onnx-ad and the passes. None of that depends on the values being
-trained (the weights are located in the converted graph and given again at each
-fit; the step graph takes them as inputs), only on the structure: layer shapes,
-activations, the preprocessing head, the loss, the update rule, the penalty, the
-dtype. Each such product is an *artifact*, addressed by a key made of that
-structure, an artifact format version, a digest of this package's own code (an
-editable install changes code without changing its version) and the versions of
-the packages that produce it.
+A fit converts the template with skl2onnx, builds the training graph (the loss and
+the penalty appended), the backend's graphs (the TrainingAgent's gradient graph from
+onnxruntime-training's builder, or the standard backend's step graphs from onnx-ad
+and the passes) and the update and predict graphs. None of that depends on the
+values being trained (the weights are located in the converted graph and given
+again at each fit; the training graphs take them as inputs, and so do the penalty's
+coefficients and the learning rate), only on the structure: layer shapes,
+activations, the preprocessing head, the loss, the update rule, the penalty's form,
+the dtype, the device. Each such product is an *artifact*: ONNX bytes and the JSON
+metadata a fit reads instead of parsing them (names, shapes, flags), addressed by a
+key made of that structure, an artifact format version, a digest of this package's
+own code (an editable install changes code without changing its version) and the
+versions of the packages that produce it. A structure that :func:`canonical` can
+only describe by an object's identity has no key (:func:`stable_key`): it is built
+again, never confused with another.
+
+A fit whose artifacts are all found imports none of onnx, skl2onnx and onnx-ad:
+its sessions are made from the bytes, and the ONNX models (``to_onnx``, the
+engine's graphs) are parsed only when asked for.
 
 Artifacts are kept for the process (in memory, a few dozen) and on disk, in a
 per-user cache folder (:func:`cache_dir`): a fit in a new process (a notebook
@@ -54,6 +64,7 @@ __all__ = [
     "get",
     "make_key",
     "put",
+    "stable_key",
 ]
 
 logger = logging.getLogger("onnxgrad_sklearn")
@@ -61,7 +72,7 @@ logger = logging.getLogger("onnxgrad_sklearn")
 #: The environment variable naming the cache folder ("" turns the disk cache off).
 CACHE_ENV = "ONNXGRAD_SKLEARN_CACHE_DIR"
 #: Version of the entries' layout and of what they hold; a new one makes new keys.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 #: File name suffix of an entry.
 SUFFIX = ".artifact"
 #: First bytes of an entry.
@@ -93,15 +104,24 @@ class Artifact:
         What goes with them (names, layouts, flags), JSON only.
     """
 
-    __slots__ = ("blobs", "meta")
+    __slots__ = ("_digests", "blobs", "meta")
 
     def __init__(self, blobs: dict, meta: dict | None = None):
         self.blobs = dict(blobs)
         self.meta = dict(meta or {})
+        self._digests = {}
 
     def size(self) -> int:
         """Bytes of the blobs."""
         return sum(len(b) for b in self.blobs.values())
+
+    def digest(self, name: str) -> str:
+        """:func:`digest` of the blob ``name`` (computed once): what a session made
+        from it is shared by (:class:`~onnxgrad_sklearn.runtime.SessionPool`)."""
+        found = self._digests.get(name)
+        if found is None:
+            found = self._digests[name] = digest(self.blobs[name])
+        return found
 
 
 # keys ---------------------------------------------------------------------------
@@ -143,6 +163,19 @@ def _plain_type(value) -> bool:
     # scikit-learn's objects and this package's: their attributes say what they are
     module = type(value).__module__.split(".")[0]
     return module in ("sklearn", "onnxgrad_sklearn", "skl2onnx")
+
+
+def describable(value) -> bool:
+    """Whether :func:`canonical` describes ``value`` without an object's identity."""
+    return not _opaque(canonical(value))
+
+
+def _opaque(described) -> bool:
+    if not isinstance(described, tuple):
+        return False
+    if described and described[0] == "opaque":
+        return True
+    return any(_opaque(part) for part in described)
 
 
 def fingerprint(value) -> str:
@@ -197,6 +230,21 @@ def make_key(kind: str, parts) -> str:
     return f"{kind}-{hashlib.sha256(repr(described).encode()).hexdigest()[:40]}"
 
 
+def stable_key(kind: str, parts) -> str | None:
+    """:func:`make_key` of ``parts``, or None where :func:`canonical` describes part of
+    them by an object's identity (an object of a type it does not know, or nested too
+    deep): such a key would hold in one process only, and could name another structure
+    in another process (identities are reused)."""
+    if not describable(parts):
+        return None
+    return make_key(kind, parts)
+
+
+def digest(data: bytes) -> str:
+    """A short digest of ``data`` (serialized graphs in a key)."""
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
 # where --------------------------------------------------------------------------
 def default_cache_dir() -> Path:
     """The platform's per-user cache folder for this package.
@@ -245,12 +293,14 @@ _lock = threading.Lock()
 _unwritable: set = set()
 
 
-def get(key: str, memory: bool = True) -> Artifact | None:
+def get(key: str | None, memory: bool = True) -> Artifact | None:
     """The artifact of ``key``: from memory, else from the disk cache; None if absent.
 
     ``memory=False``: the disk cache only (for a caller that keeps its own
-    in-process cache of the parsed graphs).
+    in-process cache of the parsed graphs). ``key=None`` (:func:`stable_key`): None.
     """
+    if key is None:
+        return None
     if memory:
         with _lock:
             found = _memory.get(key)
@@ -266,9 +316,11 @@ def get(key: str, memory: bool = True) -> Artifact | None:
     return found
 
 
-def put(key: str, artifact: Artifact, memory: bool = True) -> None:
+def put(key: str | None, artifact: Artifact, memory: bool = True) -> None:
     """Keep ``artifact`` for the process (unless ``memory=False``) and write it to the
-    disk cache (if on)."""
+    disk cache (if on); nothing for ``key=None``."""
+    if key is None:
+        return
     if memory:
         _remember(key, artifact)
     folder = cache_dir()

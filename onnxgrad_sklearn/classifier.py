@@ -322,6 +322,11 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
             return prediction
         return g.op("Concat", g.mul(prediction, g.const(0.0)), prediction, axis=1)
 
+    def _loss_input_key(self):
+        if len(self.classes_) != 2 or self._multilabel:
+            return "prediction"
+        return "zero logit, prediction"
+
     def _resolve_loss(self, loss):
         if isinstance(loss, LogLoss) and hasattr(self, "estimator_") and self._one_vs_rest():
             loss = OneVsRestLogLoss()
@@ -473,7 +478,7 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         if not isinstance(self._loss_, _losses.ModifiedHuber):
             return np.exp(self.predict_log_proba(X))
         outputs = self._run_onnx(X)
-        proba = outputs[self._export_model.graph.output[1].name]
+        proba = list(outputs.values())[1]  # the graph's outputs in order: label, probabilities
         return proba.astype(np.float64).reshape(proba.shape[0], len(self.classes_))
 
     @available_if(_gives_proba)

@@ -5,12 +5,20 @@ and the elastic-net penalty to the converted model, so the gradient graph
 returns the gradient of the very number reported as the loss, and the backward
 pass is fed a constant 1.
 
-:class:`TrainingEngine` is what the fit loop talks to: it builds the training
-graph, picks a backend (:mod:`onnxgrad_sklearn.backends`: the TrainingAgent or
-the standard-ONNX one) and hands every call to it. The backend owns everything
-that lives in the runtime during a fit: sessions, the weights and the optimizer
-state as ``OrtValue`` objects. One call of :meth:`TrainingEngine.train_batch`
+:class:`TrainingEngine` is what the fit loop talks to: it finds the plan of the
+fit's structure (:class:`~onnxgrad_sklearn.backends.Plan`, a training artifact
+keyed by the converted template's structure, the loss, the penalty's form, the
+update rule, the backend asked for and the device) or builds it (the training
+graph, the backend's choice and graphs), makes the backend
+(:mod:`onnxgrad_sklearn.backends`: the TrainingAgent or the standard-ONNX one)
+and hands every call to it. A fit whose plan is cached imports no onnx. The
+backend owns everything that lives in the runtime during a fit: the weights and
+the optimizer state as ``OrtValue`` objects, and the sessions (the process's,
+shared by the fits of a structure). One call of :meth:`TrainingEngine.train_batch`
 runs forward, backward and the update.
+
+The penalty's coefficients are inputs of the training graph (:data:`PENALTY_INPUTS`),
+as the learning rate is of the update: fits that differ in ``alpha`` share a plan.
 """
 
 from __future__ import annotations
@@ -20,20 +28,27 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
-import onnx
 
-from . import runtime
+from . import artifacts, backends, runtime
 from ._config import get_config
-from ._graph import GraphBuilder, model_dtype, tensor_info
-from ._passes import initializers_as_inputs, static_shapes
-from .backends import Backend, choose_backend, make_backend
+from ._lazy import lazy
+from .backends import Backend, build_plan, find_plan, make_backend
 from .losses import BaseLoss
 from .optim import BaseOptimizer
 
 if TYPE_CHECKING:
     import onnxruntime
 
-__all__ = ["TrainingEngine", "build_training_graph", "weights_as_inputs"]
+# imported on first use: a fit whose plan is cached parses no graph
+onnx = lazy("onnx")
+
+__all__ = [
+    "PENALTY_INPUTS",
+    "TrainingEngine",
+    "build_training_graph",
+    "penalty_coefficients",
+    "weights_as_inputs",
+]
 
 logger = logging.getLogger("onnxgrad_sklearn")
 
@@ -41,6 +56,23 @@ Y_NAME = "y_true"
 SW_NAME = "sample_weight"
 LOSS_NAME = "loss"
 BATCH = "batch"
+#: The training graph's inputs holding the L2 and L1 coefficients of the penalty.
+PENALTY_INPUTS = ("penalty_l2", "penalty_l1")
+
+
+def penalty_coefficients(alpha: float, l1_ratio: float, penalized: Sequence[str]) -> dict:
+    """The penalty's coefficients by input name (:data:`PENALTY_INPUTS`), for the terms
+    the training graph has: ``0.5 * alpha * (1 - l1_ratio)`` for the squares when
+    ``l1_ratio < 1``, ``alpha * l1_ratio`` for the absolute values when ``l1_ratio > 0``;
+    none when ``alpha == 0`` or nothing is penalized."""
+    if not (alpha > 0 and len(penalized)):
+        return {}
+    found = {}
+    if l1_ratio < 1:
+        found[PENALTY_INPUTS[0]] = 0.5 * alpha * (1 - l1_ratio)
+    if l1_ratio > 0:
+        found[PENALTY_INPUTS[1]] = alpha * l1_ratio
+    return found
 
 
 def build_training_graph(
@@ -65,7 +97,10 @@ def build_training_graph(
         + alpha * ((1 - l1_ratio) / 2 * sum ||W||_2^2 + l1_ratio * sum ||W||_1) / sum_i w_i
 
     the sums running over the ``penalized`` initializers (with ``l1_ratio=0``
-    and unit weights, MLPRegressor's loss).
+    and unit weights, MLPRegressor's loss). The two coefficients are scalar inputs
+    after ``sample_weight`` (:func:`penalty_coefficients` gives their values), for
+    the terms ``alpha`` and ``l1_ratio`` make: the graph depends on which terms
+    there are, not on the values.
 
     Parameters
     ----------
@@ -86,6 +121,8 @@ def build_training_graph(
         ``(n_samples, n_outputs)`` into what the loss receives (the classifier
         adds the zero logit of a binary problem's first class).
     """
+    from ._graph import GraphBuilder, model_dtype, tensor_info
+
     g = GraphBuilder("train", dtype=model_dtype(model))  # the loss computes in the model's type
     pred = g.op("Reshape", output_name, g.const([-1, n_outputs], np.int64))
     if loss_input is not None:
@@ -93,20 +130,21 @@ def build_training_graph(
     per_sample = loss.build(g, pred, Y_NAME)
     sw_sum = g.sum(SW_NAME)
     total = g.div(g.sum(g.mul(per_sample, SW_NAME)), sw_sum)
-    if alpha > 0 and penalized:
+    coefficients = penalty_coefficients(alpha, l1_ratio, penalized)
+    if coefficients:
         l2 = l1 = None
         for name in penalized:
-            if l1_ratio < 1:
+            if PENALTY_INPUTS[0] in coefficients:
                 sq = g.sum(g.mul(name, name))
                 l2 = sq if l2 is None else g.add(l2, sq)
-            if l1_ratio > 0:
+            if PENALTY_INPUTS[1] in coefficients:
                 ab = g.sum(g.abs(name))
                 l1 = ab if l1 is None else g.add(l1, ab)
         terms = []
         if l2 is not None:
-            terms.append(g.mul(l2, g.const(0.5 * alpha * (1 - l1_ratio))))
+            terms.append(g.mul(l2, PENALTY_INPUTS[0]))
         if l1 is not None:
-            terms.append(g.mul(l1, g.const(alpha * l1_ratio)))
+            terms.append(g.mul(l1, PENALTY_INPUTS[1]))
         penalty = terms[0] if len(terms) == 1 else g.add(*terms)
         total = g.add(total, g.div(penalty, sw_sum))
     g.identity(total, LOSS_NAME)
@@ -128,7 +166,9 @@ def build_training_graph(
             tensor_info(Y_NAME, [BATCH, None], g.elem_type),
             tensor_info(SW_NAME, [BATCH], g.elem_type),
         ]
+        + [tensor_info(name, [], g.elem_type) for name in coefficients]
     )
+    y_true = len(graph.input) - 2 - len(coefficients)
     del graph.output[:]
     graph.output.append(tensor_info(LOSS_NAME, [], g.elem_type))
     # With every shape of the loss part known (no Reshape to -1, the width of y_true
@@ -141,7 +181,7 @@ def build_training_graph(
     _check_per_sample_shape(loss, shapes.get(per_sample))
     width = shapes.get(pred, [None])[-1]
     if isinstance(width, int):
-        graph.input[-2].type.tensor_type.shape.dim[1].dim_value = width
+        graph.input[y_true].type.tensor_type.shape.dim[1].dim_value = width
     return out
 
 
@@ -181,6 +221,8 @@ def _drop_noop_reshapes(model: onnx.ModelProto) -> dict:
     ``BroadcastGradientArgs``, ``ReduceSum``, ``Reshape`` nodes at each batch).
     Returns ``{removed output: its input}`` and the shapes of the graph left.
     """
+    from ._passes import static_shapes
+
     graph = model.graph
     kept_names = {o.name for o in graph.output}
     renamed = {}
@@ -225,6 +267,8 @@ def weights_as_inputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.Mode
 
     Their values are not copied (:func:`onnxgrad_sklearn._passes.initializers_as_inputs`).
     """
+    from ._passes import initializers_as_inputs
+
     return initializers_as_inputs(model, names)
 
 
@@ -238,8 +282,12 @@ class TrainingEngine:
 
     Parameters
     ----------
-    model : onnx.ModelProto
-        Inference graph holding the starting weights.
+    model : ConvertedTemplate or onnx.ModelProto
+        The converted template (:class:`~onnxgrad_sklearn.templates.ConvertedTemplate`),
+        whose artifact's key names the structure and whose values are the starting
+        weights: the plan is looked for in the cache before anything is built; or
+        an inference graph holding the starting weights (the plan is then keyed by
+        the graphs' bytes).
     output_name : str
         Its prediction output.
     weight_names : list of str
@@ -253,7 +301,7 @@ class TrainingEngine:
     optimizer : BaseOptimizer
         The update rule.
     alpha, l1_ratio : float
-        Elastic-net penalty.
+        Elastic-net penalty (:func:`penalty_coefficients`: inputs of the graphs).
     device : str
         ``"cpu"`` or ``"cuda[:N]"``.
     loss_input : callable, optional
@@ -266,6 +314,9 @@ class TrainingEngine:
     threads : int, default=0
         Intra-op threads of the training and inference sessions (0: the
         runtime's default); a separate update session runs on one thread.
+    loss_input_key : hashable, optional
+        What ``loss_input`` does, for the plan's key; without it a ``loss_input``
+        keys the plan by the training graph's bytes (built at each fit).
 
     Attributes
     ----------
@@ -273,10 +324,11 @@ class TrainingEngine:
         The backend that runs, ``"agent"`` or ``"standard"``.
     dtype : numpy.dtype
         The training dtype, that of the model (float64 for a double graph).
+    plan : Plan
+        The graphs the backend runs (:class:`~onnxgrad_sklearn.backends.Plan`).
     training : onnx.ModelProto
-        The training graph (:func:`build_training_graph`) with the starting weights;
-        for the standard backend, with the weights as inputs (it differentiates
-        that graph, and the values would be one more copy of the weights).
+        The training graph (:func:`build_training_graph`) with the weights as
+        inputs, parsed from the plan when read.
     optimizer : BaseOptimizer
         The update rule.
     weight_names : list of str
@@ -287,7 +339,7 @@ class TrainingEngine:
 
     def __init__(
         self,
-        model: onnx.ModelProto,
+        model,
         output_name: str,
         weight_names: Sequence[str],
         penalized: Sequence[str],
@@ -300,28 +352,65 @@ class TrainingEngine:
         loss_input=None,
         backend: str = "auto",
         threads: int = 0,
+        loss_input_key=None,
     ):
         self.device = device
-        self.dtype = model_dtype(model)
         self.weight_names = list(weight_names)
         self.output_name = output_name
         self.optimizer = optimizer
-        training = build_training_graph(
-            model, output_name, n_outputs, loss, alpha, l1_ratio, penalized, loss_input
-        )
-        self.training = training
-        self.backend = choose_backend(backend, training, self.weight_names, device)
-        inits = {i.name: i for i in model.graph.initializer}
-        start = [onnx.numpy_helper.to_array(inits[n]) for n in self.weight_names]
+        converted = model if hasattr(model, "skeleton") else None  # a ConvertedTemplate
+        if converted is not None:
+            self.dtype = converted.dtype
+            start = converted.named_values(self.weight_names)
+        else:
+            from ._graph import model_dtype
+
+            self.dtype = model_dtype(model)
+            inits = {i.name: i for i in model.graph.initializer}
+            start = [onnx.numpy_helper.to_array(inits[n]) for n in self.weight_names]
         self.shapes = [w.shape for w in start]
         #: Whether the model has :data:`~onnxgrad_sklearn.runtime.LARGE_MODEL` weights or more.
         self.large = sum(w.size for w in start) >= runtime.LARGE_MODEL
         if self.large:  # before the sessions
             runtime.map_large_blocks(get_config()["malloc_mmap_threshold"])
+        coefficients = penalty_coefficients(alpha, l1_ratio, penalized)
+        # What the graphs depend on: the structure (the converted template's key), the
+        # loss and what feeds it, the penalty's terms, the update rule, the backend
+        # asked for (and for "auto" whether the agent is there), the device.
+        parts = (
+            None if converted is None else converted.key,
+            output_name,
+            self.weight_names,
+            list(penalized),
+            int(n_outputs),
+            loss,
+            loss_input_key if loss_input is not None else None,
+            sorted(coefficients),
+            optimizer,
+            backend,
+            backends.agent_available() if backend == "auto" else None,
+            runtime.device_to_providers(device),
+        )
+        key = None
+        if parts[0] is not None and (loss_input is None or loss_input_key is not None):
+            key = artifacts.stable_key("plan", parts)
+        plan = find_plan(key)
+        if plan is None:
+            graph = converted.model if converted is not None else model
+            training = build_training_graph(
+                graph, output_name, n_outputs, loss, alpha, l1_ratio, penalized, loss_input
+            )
+            plan = build_plan(
+                backend, training, graph, self.weight_names, self.shapes, optimizer, device, key
+            )
+        elif plan.meta.get("log"):
+            logger.info(plan.meta["log"])  # the choice, as when the plan was built
+        self.plan = plan
+        self.backend = plan.backend
         self._backend: Backend = make_backend(
             self.backend,
-            training=training,
-            model=model,
+            training=None,
+            model=None,
             output_name=output_name,
             weight_names=self.weight_names,
             start=start,
@@ -329,11 +418,17 @@ class TrainingEngine:
             device=device,
             options=session_options(threads),
             update_options=session_options(threads=1),
+            plan=plan,
+            constants=coefficients,
         )
         if self.backend == "standard":
-            self.training = initializers_as_inputs(training, self.weight_names)
             # a short batch may be padded with rows of weight 0 when rows do not mix
             self._backend.pad_batches = bool(getattr(loss, "rowwise", True))
+
+    @property
+    def training(self) -> onnx.ModelProto:
+        """The training graph with the weights as inputs (parsed from the plan)."""
+        return self.plan.model("training.onnx")
 
     def __getattr__(self, name):
         # What a backend has of its own (forward_backward, weights, step, _flat...).

@@ -231,7 +231,7 @@ class OrtGradientRegressor(RegressorMixin, BaseOrtGradient):
             ``dtype="float64"`` fit, copies of its float32 output otherwise).
         """
         outputs = self._run_onnx(X)
-        pred = outputs[self._export_model.graph.output[0].name].astype(np.float64)
+        pred = list(outputs.values())[0].astype(np.float64)  # the graph's first output
         return pred.ravel() if self.n_outputs_ == 1 else pred.reshape(-1, self.n_outputs_)
 
     # on dask collections: R2 from sums over the partitions, where they are

@@ -7,6 +7,8 @@ binding. The training bindings (``TrainingAgent``, ``OrtModuleGraphBuilder``)
 are only touched by :mod:`onnxgrad_sklearn.backends.agent`. Devices: the
 providers and provider options of every session (:func:`session_providers`),
 and training buffers in device memory bound by address (:class:`DeviceBuffers`).
+Sessions made from a training artifact's graphs are shared by the fits of a
+process (:data:`SESSIONS`, a :class:`SessionPool`).
 
 onnxruntime is imported on first use (:func:`bindings`), not with this module, so
 that ``import onnxgrad_sklearn`` stays light. That first use also checks that
@@ -29,6 +31,7 @@ import math
 import os
 import sys
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -41,7 +44,9 @@ __all__ = [
     "BoundRun",
     "DeviceBuffers",
     "DoubleBuffers",
+    "SESSIONS",
     "OrtValue",
+    "SessionPool",
     "bind_address",
     "bindings",
     "check_single_runtime",
@@ -51,6 +56,7 @@ __all__ = [
     "inner_thread_limit",
     "intra_op_threads",
     "make_session",
+    "options_key",
     "ort_device",
     "ortvalue_view",
     "parse_device",
@@ -527,13 +533,14 @@ def session_providers(
 
 
 def make_session(
-    model, sess_options, providers: Sequence[str], provider_options=None, **kwargs
+    model, sess_options, providers: Sequence[str], provider_options=None, strict=True, **kwargs
 ) -> onnxruntime.InferenceSession:
     """Create an ``InferenceSession``; refuse one where the first provider did not start.
 
     onnxruntime falls back to the CPU, printing "EP Error", when its CUDA
     provider fails to start (no GPU visible, CUDA or cuDNN libraries missing):
-    a session meant for CUDA buffers would then fail later, in C++.
+    a session meant for CUDA buffers would then fail later, in C++. A predict
+    session (``strict=False``) runs on the CPU then.
 
     Parameters
     ----------
@@ -543,6 +550,8 @@ def make_session(
         Its options (:func:`session_options`).
     providers, provider_options : list
         As :func:`session_providers` returns them.
+    strict : bool, default=True
+        Whether to refuse a session without its first provider.
     **kwargs
         Passed on (``disabled_optimizers``).
 
@@ -561,7 +570,7 @@ def make_session(
         **kwargs,
     )
     release_model_bytes(session)
-    if providers[0] not in session.get_providers():
+    if strict and providers[0] not in session.get_providers():
         raise RuntimeError(
             f"onnxruntime {ort.__version__} did not start its {providers[0]} (it runs this "
             f"session on {session.get_providers()}; its 'EP Error' above says why): check "
@@ -569,6 +578,126 @@ def make_session(
             "onnxruntime build needs are installed, or use device='cpu'."
         )
     return session
+
+
+def options_key(options, providers: Sequence[str], provider_options=None, **kwargs) -> tuple:
+    """What makes two sessions of one graph alike: their options, providers and extras.
+
+    The readable settings of ``options`` (threads, memory pattern and arena,
+    optimization level, execution mode) and the :data:`SESSION_OPTIONS_HOOKS` that
+    changed them (by identity), the providers, their options and ``kwargs``
+    (``disabled_optimizers``), as a hashable tuple.
+    """
+    settings = tuple(
+        str(getattr(options, name, None))
+        for name in (
+            "intra_op_num_threads",
+            "inter_op_num_threads",
+            "enable_mem_pattern",
+            "enable_cpu_mem_arena",
+            "graph_optimization_level",
+            "execution_mode",
+        )
+    )
+    extras = tuple(sorted((k, repr(v)) for k, v in kwargs.items()))
+    given = tuple(tuple(sorted(o.items())) for o in provider_options or ())
+    return settings, tuple(map(id, SESSION_OPTIONS_HOOKS)), tuple(providers), given, extras
+
+
+class SessionPool:
+    """Sessions made from training artifacts' graphs, kept for the fits of a process.
+
+    A fit of a structure met before (a GridSearchCV candidate, a refit) takes the
+    sessions of its graphs from here instead of making them: a session holds no
+    state of a fit (the weights, optimizer state and batches are bound by each fit,
+    the learning rate and penalty are inputs), so one serves any number of fits.
+    Sessions are found by the digest of their graph's bytes and :func:`options_key`:
+    two graphs are never confused, whatever made them.
+
+    * :meth:`shared`: a session several fits run at once (``InferenceSession.run``
+      is thread-safe), at most ``size`` kept and sessions of at most ``weights``
+      weights in all (a session's memory grows with its model's), the least recently
+      used dropped first.
+    * :meth:`checkout` / :meth:`give_back`: an object one fit uses at a time (a
+      TrainingAgent, which is not thread-safe): a fit takes one out, a fit running
+      at the same time gets another, and it comes back at the end of the fit; at
+      most ``idle`` wait per key.
+
+    Parameters
+    ----------
+    size : int, default=32
+        Shared sessions kept.
+    idle : int, default=2
+        Checked-in objects kept per key (and ``size`` in all).
+    weights : int, default=4_000_000
+        The weights of the models of the sessions kept, in all (as given by each
+        call, ``weights=``).
+    """
+
+    def __init__(self, size: int = 32, idle: int = 2, weights: int = 4_000_000):
+        self.size, self.idle, self.weights = size, idle, weights
+        self._shared: OrderedDict = OrderedDict()  # key -> (session, weights)
+        self._waiting: OrderedDict = OrderedDict()  # key -> list of checked-in objects
+        self._lock = threading.Lock()
+
+    def shared(self, key, make, weights: int = 0):
+        """The session of ``key``, made by ``make()`` if none is kept (``key=None``: made).
+
+        ``weights``: the weights of its model (what bounds the pool's memory).
+        """
+        if key is None:
+            return make()
+        with self._lock:
+            found = self._shared.get(key)
+            if found is not None:
+                self._shared.move_to_end(key)
+                return found[0]
+        made = make()  # outside the lock: another fit may make another one meanwhile
+        with self._lock:
+            found = self._shared.setdefault(key, (made, int(weights)))
+            self._shared.move_to_end(key)
+            self._evict(self._shared, lambda entry: entry[1])
+        return found[0]
+
+    def checkout(self, key, make):
+        """An object of ``key`` no other fit uses: a waiting one, or ``make()``."""
+        if key is not None:
+            with self._lock:
+                waiting = self._waiting.get(key)
+                if waiting:
+                    self._waiting.move_to_end(key)
+                    return waiting.pop()[0]
+        return make()
+
+    def give_back(self, key, obj, weights: int = 0) -> None:
+        """Put back an object :meth:`checkout` gave (dropped beyond ``idle`` per key);
+        ``weights``: those of its model."""
+        if key is None:
+            return
+        with self._lock:
+            waiting = self._waiting.setdefault(key, [])
+            self._waiting.move_to_end(key)
+            if len(waiting) < self.idle:
+                waiting.append((obj, int(weights)))
+            self._evict(self._waiting, lambda entries: sum(w for _, w in entries), len)
+
+    def _evict(self, entries: OrderedDict, weights, count=lambda entry: 1) -> None:
+        """Drop the least recently used of ``entries`` beyond the bounds (lock held)."""
+        while len(entries) > 1 and (
+            sum(map(count, entries.values())) > self.size
+            or sum(map(weights, entries.values())) > self.weights
+        ):
+            entries.popitem(last=False)
+
+    def clear(self) -> None:
+        """Drop every session and waiting object."""
+        with self._lock:
+            self._shared.clear()
+            self._waiting.clear()
+
+
+#: The process's sessions of training artifacts (:class:`SessionPool`).
+SESSIONS = SessionPool()
 
 
 #: Models of this many weights or more are "large": the standard backend guards

@@ -232,15 +232,25 @@ def _match(init: np.ndarray, value: np.ndarray):
     return None
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: its values are arrays
 class ConvertedTemplate:
     """A template converted to ONNX, with its parameters located in the graph.
 
+    The graph is kept as bytes whose parameters' initializers hold no data (the
+    *skeleton*, what the artifact cache stores), beside the parameters' values as
+    numpy arrays: a session is made from the two without onnx (:meth:`session`),
+    and the ONNX model is made only when asked for (:attr:`model`).
+
     Attributes
     ----------
-    model : onnx.ModelProto
-        Inference graph (input ``X``, float32 or double: :attr:`dtype`),
-        initializers holding the values of the estimator it was made from.
+    skeleton : bytes
+        The serialized inference graph (input ``X``, float32 or double:
+        :attr:`dtype`), the parameters' initializers with their names, types and
+        dims but no data: marked as external data (:data:`GIVEN_AT_RUN_TIME`), which
+        onnxruntime takes from ``SessionOptions.add_external_initializers`` before it
+        optimizes the graph (an initializer without data, or with placeholder values,
+        given by ``add_initializer`` instead, is read by its graph optimizers: wrong
+        values or a crash).
     params : list of ParamRef
         Parameters of the final model.
     initializer_names : list of str
@@ -250,76 +260,134 @@ class ConvertedTemplate:
         scikit-learn attribute.
     output_name : str
         Name of the prediction output.
+    values : list of numpy.ndarray
+        The value of each parameter's initializer (its dims, the graph's float
+        type); None where a large model's training holds it (see
+        ``_release_trained_values``). Replaced as a whole, never written into.
+    dims : list of tuple of int
+        The dims of each parameter's initializer.
+    float_type : str
+        ``"float32"`` or ``"float64"``.
+    input_width : int
+        Number of columns of the input ``X``.
+    key : str or None
+        The key of the conversion's artifact (:mod:`onnxgrad_sklearn.artifacts`);
+        None where the template's structure has none (it is converted at each fit).
     """
 
-    model: onnx.ModelProto
+    skeleton: bytes
     params: list[ParamRef]
     initializer_names: list[str]
     layouts: list[str]
     output_name: str
+    values: list
+    dims: list
+    float_type: str
+    input_width: int
+    key: str | None = None
+
+    def __setattr__(self, name, value):
+        if name in ("skeleton", "values", "initializer_names"):
+            self.__dict__.pop("_model", None)  # made again from the new values when asked
+        object.__setattr__(self, name, value)
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["model"] = self.model.SerializeToString()
+        state.pop("_model", None)
         return state
 
     def __setstate__(self, state):
         state = dict(state)
-        state["model"] = onnx.load_from_string(state["model"])
+        if "skeleton" not in state:  # pickled by a version that kept the ModelProto
+            model = state.pop("model")
+            model = onnx.load_from_string(model) if isinstance(model, bytes) else model
+            state.update(_split_model(model, state["initializer_names"]))
         self.__dict__.update(state)
+
+    @property
+    def model(self) -> onnx.ModelProto:
+        """The inference graph, its parameters' initializers holding :attr:`values`.
+
+        Made (onnx imported) on first use after the values change.
+        """
+        found = self.__dict__.get("_model")
+        if found is None:
+            found = self.__dict__["_model"] = self.with_values(self.values)
+        return found
+
+    @model.setter
+    def model(self, model: onnx.ModelProto) -> None:
+        for name, value in _split_model(model, self.initializer_names).items():
+            setattr(self, name, value)
+        self.__dict__["_model"] = model
 
     @property
     def dtype(self) -> np.dtype:
         """The graph's float type: float32, or float64 for a double graph."""
-        from ._graph import model_dtype
-
-        return model_dtype(self.model)
+        return np.dtype(self.float_type)
 
     def initializer_values(self, skip=()) -> list[np.ndarray]:
-        """Return the current values of the parameters' initializers (in :attr:`dtype`).
+        """Return copies of the values of the parameters' initializers (in :attr:`dtype`).
 
         The positions in ``skip`` (indices into :attr:`initializer_names`) are
         None: values about to be replaced are not copied.
         """
-        by_name = {i.name: i for i in self.model.graph.initializer}
-        return [
-            None if k in skip else numpy_helper.to_array(by_name[n]).copy()
-            for k, n in enumerate(self.initializer_names)
-        ]
+        return [None if k in skip or v is None else v.copy() for k, v in enumerate(self.values)]
+
+    def named_values(self, names) -> list[np.ndarray]:
+        """The values of the initializers ``names`` (the arrays kept, not copies)."""
+        index = {name: k for k, name in enumerate(self.initializer_names)}
+        return [self.values[index[name]] for name in names]
 
     def with_values(self, values) -> onnx.ModelProto:
-        """Return a copy of :attr:`model` whose parameter initializers hold ``values``.
+        """Return the graph as a new model whose parameter initializers hold ``values``.
 
-        ``values=None``: the parameters' initializers keep their names, types and
-        dims, and hold no data (a model to give values later, not to run).
+        ``values=None`` (or a None among them): those initializers keep their
+        names, types and dims, and hold no data (a model to give values later,
+        not to run).
         """
-        # The copy is made field by field so that the old values of the parameters
-        # are not copied: protobuf keeps every bytes value a message was ever given
-        # until the message is freed (a model updated in place grows at each fit).
+        model = onnx.load_from_string(self.skeleton)
         names = set(self.initializer_names)
-        from ._passes import copy_fields
-
-        model = copy_fields(self.model, onnx.ModelProto(), skip="graph")
-        graph = copy_fields(self.model.graph, model.graph, skip="initializer")
-        for init in self.model.graph.initializer:
-            new = graph.initializer.add()
-            if init.name in names:
-                new.name = init.name
-                new.data_type = init.data_type
-                new.dims.extend(init.dims)
-            else:
-                new.CopyFrom(init)
+        for init in model.graph.initializer:
+            if init.name in names:  # no longer external data (see skeleton)
+                init.ClearField("external_data")
+                init.ClearField("data_location")
         if values is not None:
-            _set_values(model, self.initializer_names, values)
+            given = [(n, v) for n, v in zip(self.initializer_names, values) if v is not None]
+            _set_values(model, [n for n, _ in given], [v for _, v in given])
         return model
+
+    def session(self, options, providers, provider_options=None, **kwargs):
+        """An ``InferenceSession`` of the graph holding :attr:`values`, made without onnx.
+
+        The skeleton's bytes, the values given by
+        ``SessionOptions.add_external_initializers`` (``options`` is changed: pass
+        options of its own). The session keeps copies of the values (it reads them,
+        it does not copy them); ``kwargs`` go to
+        :func:`~onnxgrad_sklearn.runtime.make_session`.
+        """
+        from .runtime import import_onnxruntime, make_session
+
+        if any(v is None for v in self.values):
+            raise RuntimeError("the parameters' values are held by a training engine.")
+        OrtValue = import_onnxruntime().OrtValue  # the Python class the options take
+        # copies: not estimator_'s arrays, which a user may change
+        kept = [OrtValue.ortvalue_from_numpy(np.array(v, copy=True)) for v in self.values]
+        options.add_external_initializers(list(self.initializer_names), kept)
+        session = make_session(
+            self.skeleton, options, providers, provider_options, strict=False, **kwargs
+        )
+        session._onnxgrad_initializers = kept  # alive as long as the session
+        return session
 
     def values_from(self, final) -> list[np.ndarray]:
         """Return the parameters of ``final`` laid out as this graph's initializers."""
         values = []
         dtype = self.dtype
-        for ref, layout in zip(self.params, self.layouts):
+        for ref, layout, dims in zip(self.params, self.layouts, self.dims):
             value = ref.get(final).astype(dtype)
-            values.append(value.T if layout == "transpose" else value)
+            value = value.T if layout == "transpose" else value
+            values.append(np.ascontiguousarray(value).reshape(dims))
         return values
 
     def write_back(self, final, values) -> None:
@@ -336,6 +404,51 @@ class ConvertedTemplate:
             else:
                 new = value.reshape(old.shape)
             ref.set(final, np.ascontiguousarray(new, dtype=dtype))
+
+
+def _split_model(model: onnx.ModelProto, names, read_values: bool = True) -> dict:
+    """The fields of a :class:`ConvertedTemplate` that ``model`` gives: its skeleton, the
+    values (None without ``read_values``), dims and float type of the initializers
+    ``names``, the input's width."""
+    from ._graph import model_dtype
+    from ._passes import copy_fields
+
+    wanted = set(names)
+    skeleton = copy_fields(model, onnx.ModelProto(), skip="graph")
+    graph = copy_fields(model.graph, skeleton.graph, skip="initializer")
+    found = {}
+    for init in model.graph.initializer:
+        new = graph.initializer.add()
+        if init.name in wanted:
+            new.name, new.data_type = init.name, init.data_type
+            new.dims.extend(init.dims)
+            new.data_location = TensorProto.EXTERNAL  # given to each session
+            entry = new.external_data.add()
+            entry.key, entry.value = "location", GIVEN_AT_RUN_TIME
+            found[init.name] = init
+        else:
+            new.CopyFrom(init)
+    values = [
+        numpy_helper.to_array(found[n]).copy() if read_values and _has_data(found[n]) else None
+        for n in names
+    ]
+    dims = [tuple(found[n].dims) for n in names]
+    return {
+        "skeleton": skeleton.SerializeToString(),
+        "values": values,
+        "dims": dims,
+        "float_type": str(model_dtype(model)),
+        "input_width": model.graph.input[0].type.tensor_type.shape.dim[1].dim_value,
+    }
+
+
+#: The file name a skeleton's parameters point to as external data: none is read, the
+#: values are given to each session (:meth:`ConvertedTemplate.session`).
+GIVEN_AT_RUN_TIME = "onnxgrad-sklearn: values given at run time"
+
+
+def _has_data(init) -> bool:
+    return bool(init.raw_data or init.float_data or init.double_data or math.prod(init.dims) == 0)
 
 
 def prepare_template(template, X, n_outputs, random_state):
@@ -412,10 +525,10 @@ def convert_template(est, n_features: int, dtype=np.float32) -> ConvertedTemplat
     values = [ref.get(final) for ref in params]
     # The graph depends on the structure only: converted once per structure, kept as
     # an artifact (for the process and on disk), given this model's values.
-    key = artifacts.make_key("converted", _structure(est, final, params, n_features, dtype))
+    key = artifacts.stable_key("converted", _structure(est, final, params, n_features, dtype))
     cached = artifacts.get(key)
     if cached is not None:
-        converted = _from_artifact(cached, params, final)
+        converted = _from_artifact(cached, params, final, key)
         if converted is not None:
             return converted
     # skl2onnx writes initializers element by element: an MLP is converted with
@@ -426,6 +539,7 @@ def convert_template(est, n_features: int, dtype=np.float32) -> ConvertedTemplat
             converted = _convert_with_markers(est, final, params, values, shapes, n_features, dtype)
         except _LayoutError:
             continue
+        converted.key = key
         artifacts.put(key, _to_artifact(converted))
         return converted
     raise AssertionError("unreachable: full-size markers always have a layout")
@@ -468,26 +582,37 @@ def _to_artifact(converted: ConvertedTemplate):
     from .artifacts import Artifact
 
     return Artifact(
-        {"model.onnx": converted.with_values(None).SerializeToString()},
+        {"model.onnx": converted.skeleton},
         {
             "params": [[r.attr, r.index, r.penalized, r.trainable] for r in converted.params],
             "initializer_names": converted.initializer_names,
             "layouts": converted.layouts,
             "output_name": converted.output_name,
+            "dims": [list(d) for d in converted.dims],
+            "float_type": converted.float_type,
+            "input_width": converted.input_width,
         },
     )
 
 
-def _from_artifact(artifact, params, final) -> ConvertedTemplate | None:
-    """The converted template of a cached artifact, holding ``final``'s values."""
+def _from_artifact(artifact, params, final, key) -> ConvertedTemplate | None:
+    """The converted template of a cached artifact, holding ``final``'s values (no onnx)."""
     meta = artifact.meta
     if meta.get("params") != [[r.attr, r.index, r.penalized, r.trainable] for r in params]:
         return None
-    model = onnx.load_from_string(artifact.blobs["model.onnx"])
     converted = ConvertedTemplate(
-        model, params, list(meta["initializer_names"]), list(meta["layouts"]), meta["output_name"]
+        artifact.blobs["model.onnx"],
+        params,
+        list(meta["initializer_names"]),
+        list(meta["layouts"]),
+        meta["output_name"],
+        values=[],
+        dims=[tuple(d) for d in meta["dims"]],
+        float_type=meta["float_type"],
+        input_width=int(meta["input_width"]),
+        key=key,
     )
-    _set_values(model, converted.initializer_names, converted.values_from(final))
+    converted.values = converted.values_from(final)
     return converted
 
 
@@ -557,8 +682,14 @@ def _convert_with_markers(est, final, params, values, shapes, n_features, dtype=
         dims = _real_dims(tuple(by_name[name].dims), layout, marker.shape, value.shape)
         del by_name[name].dims[:]
         by_name[name].dims.extend(dims)  # the values are written next
-    converted = ConvertedTemplate(model, params, names, layouts, model.graph.output[0].name)
-    _set_values(model, names, converted.values_from(final))
+    converted = ConvertedTemplate(
+        params=params,
+        initializer_names=names,
+        layouts=layouts,
+        output_name=model.graph.output[0].name,
+        **_split_model(model, names, read_values=False),  # the markers' values
+    )
+    converted.values = converted.values_from(final)
     return converted
 
 
@@ -578,6 +709,8 @@ def _set_values(model: onnx.ModelProto, names: Sequence[str], values) -> None:
                 )
             init.ClearField("float_data")
             init.ClearField("double_data")
+            init.ClearField("external_data")
+            init.ClearField("data_location")
             init.data_type = TensorProto.DOUBLE if double else TensorProto.FLOAT
             little = "<f8" if double else "<f4"
             init.raw_data = np.ascontiguousarray(array).astype(little, copy=False).tobytes()

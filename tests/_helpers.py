@@ -34,14 +34,18 @@ def onnx_predict(model, X):
     return session.run(None, {session.get_inputs()[0].name: X.astype(np.float32)})[0]
 
 
-def no_artifacts(monkeypatch):
-    """No training artifact kept in memory or on disk for the rest of the test."""
+def no_artifacts(monkeypatch, kept=True):
+    """No training artifact from an earlier test or process for the rest of the test:
+    the disk cache off, the process's memory emptied. ``kept=False``: none kept in
+    memory either, every fit builds its graphs (a test patching what builds them)."""
     from collections import OrderedDict
 
     from onnxgrad_sklearn import artifacts
 
     monkeypatch.setenv(artifacts.CACHE_ENV, "")
     monkeypatch.setattr(artifacts, "_memory", OrderedDict())
+    if not kept:
+        monkeypatch.setattr(artifacts, "MEMORY_ENTRIES", 0)
 
 
 def smooth_regression(n, seed=0, noise=0.1):

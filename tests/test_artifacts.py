@@ -13,7 +13,6 @@ import pytest
 from _helpers import BACKENDS
 
 from onnxgrad_sklearn import artifacts, config_context, get_config, set_config
-from onnxgrad_sklearn.backends import standard
 
 # a fit in a fresh process: its weights and what it imported, as JSON
 FIT = """
@@ -66,14 +65,15 @@ def test_a_fit_from_the_disk_cache_gives_the_weights_of_the_fit_that_built_it(tm
     built = _fit_in_process(cache, backend)
     names = _entries(cache)
     assert any(n.startswith("converted-") for n in names)
+    assert any(n.startswith("plan-") for n in names)
     if backend == "standard":
         assert any(n.startswith("step-") for n in names)
     loaded = _fit_in_process(cache, backend)
     without = _fit_in_process("", backend)
     assert loaded["coefs"] == built["coefs"] == without["coefs"]  # bit for bit
     assert loaded["pred"] == built["pred"] == without["pred"]
-    # the converted graph came from the disk: skl2onnx is not imported
-    assert "skl2onnx" in built["modules"] and "skl2onnx" not in loaded["modules"]
+    # every graph came from the disk: neither skl2onnx, nor onnx, nor onnx_ad is imported
+    assert "skl2onnx" in built["modules"] and loaded["modules"] == []
     assert _entries(cache) == names  # nothing new was written
 
 
@@ -196,7 +196,6 @@ def test_an_unwritable_folder_warns_once_and_trains(tmp_path, monkeypatch):
     monkeypatch.setenv(artifacts.CACHE_ENV, str(blocker / "cache"))
     monkeypatch.setattr(artifacts, "_unwritable", set())
     artifacts.clear_memory()
-    standard._STEP_GRAPHS.clear()
     rng = np.random.RandomState(0)
     X, y = rng.rand(40, 3), rng.rand(40)
     with warnings.catch_warnings(record=True) as caught:

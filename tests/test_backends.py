@@ -445,13 +445,10 @@ def test_an_onnx_loss_whose_rows_may_mix_is_not_padded(monkeypatch):
 def test_a_new_fit_of_the_same_model_reuses_the_step_graph(monkeypatch):
     import onnx_ad
 
-    from onnxgrad_sklearn.backends import standard
-
     X, y = _data()
     calls = []
     reverse = onnx_ad.reverse
     monkeypatch.setattr(onnx_ad, "reverse", lambda *a, **k: calls.append(1) or reverse(*a, **k))
-    monkeypatch.setattr(standard, "_STEP_GRAPHS", type(standard._STEP_GRAPHS)())
     no_artifacts(monkeypatch)
     params = dict(optimizer="nesterov", batch_size=40, max_iter=3, random_state=0)
     first = _mlp(backend="standard", **params).fit(X, y)
@@ -473,13 +470,10 @@ def test_a_new_fit_of_the_same_model_reuses_the_step_graph(monkeypatch):
 def test_an_operator_onnx_ad_refuses_is_a_clear_error_at_fit(monkeypatch):
     import onnx_ad
 
-    from onnxgrad_sklearn.backends import standard
-
     def refuse(*args, **kwargs):
         raise onnx_ad.UnsupportedOperator("no reverse rule for Foo")
 
     monkeypatch.setattr(onnx_ad, "reverse", refuse)
-    monkeypatch.setattr(standard, "_STEP_GRAPHS", type(standard._STEP_GRAPHS)())
     no_artifacts(monkeypatch)  # no step graph built earlier, by this process or another
     X, y = _data()
     est = _mlp(backend="standard", max_iter=2)

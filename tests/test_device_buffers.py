@@ -20,7 +20,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 from sklearn.neural_network import MLPClassifier, MLPRegressor
 
-from onnxgrad_sklearn import OrtGradientClassifier, OrtGradientRegressor, config_context
+from onnxgrad_sklearn import OrtGradientClassifier, OrtGradientRegressor, config_context, runtime
 from onnxgrad_sklearn import backends as backends_module
 from onnxgrad_sklearn.backends import standard
 from onnxgrad_sklearn.optim import Nesterov
@@ -349,7 +349,7 @@ def simulated_cuda(monkeypatch):
         onnxruntime, "get_available_providers", lambda: ["CUDAExecutionProvider", *available]
     )
     monkeypatch.setattr(backends_module, "agent_available", lambda: False)  # onnxruntime-gpu
-    real_buffers, real_session = standard.DeviceBuffers, standard.make_session
+    real_buffers, real_session = standard.DeviceBuffers, backends_module.make_session
     made = []
 
     def buffers(*args, device, **kwargs):
@@ -361,7 +361,8 @@ def simulated_cuda(monkeypatch):
         return real_session(model, options, ["CPUExecutionProvider"], [{}], **kwargs)
 
     monkeypatch.setattr(standard, "DeviceBuffers", buffers)
-    monkeypatch.setattr(standard, "make_session", session)
+    monkeypatch.setattr(backends_module, "make_session", session)
+    runtime.SESSIONS.clear()  # none made by an earlier test: each is recorded
     return made
 
 

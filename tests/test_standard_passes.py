@@ -29,10 +29,8 @@ BATCHES = (1, 7, 64)
 
 @pytest.fixture(autouse=True)
 def _no_step_graphs_kept(monkeypatch):
-    # the tests build the same step graphs with and without the passes
-    monkeypatch.setattr(standard, "_STEP_GRAPHS", type(standard._STEP_GRAPHS)())
-    monkeypatch.setattr(standard, "_STEP_GRAPHS_KEPT", 0)
-    no_artifacts(monkeypatch)  # nor by an earlier test or process
+    # the tests build the same step graphs with and without the passes: none is kept
+    no_artifacts(monkeypatch, kept=False)
 
 
 @pytest.fixture
@@ -216,6 +214,7 @@ def test_rewritten_step_gives_the_same_update(batch, optimizer, monkeypatch):
                 weight_names=backend.weight_names,
                 start=backend.get_weights(),
                 optimizer=optimizer,
+                constants=backend.constants,  # the penalty's coefficients
             )
             loss = fresh.train_batch(*_batch(fresh, batch), 0.01)
             return loss, fresh.get_weights()

@@ -13,6 +13,15 @@ Two backends run the training step of a fit:
 Both give the fit loop the methods of :class:`Backend`. A backend module is
 imported only when it is chosen (:func:`make_backend`): the agent's module is
 the only one touching the private training bindings.
+
+What a backend runs comes from a :class:`Plan`: the graphs of one structure
+(training, predict, and the backend's own: the agent's gradient and update
+graphs, the standard backend's step graphs) as ONNX bytes and JSON metadata, a
+training artifact (:mod:`onnxgrad_sklearn.artifacts`) built once and found again
+by later fits, in this process or another. A backend made from a plan found in
+the cache imports no onnx: its sessions are made from the bytes, and shared by
+the fits of the process (:data:`onnxgrad_sklearn.runtime.SESSIONS`) unless the
+model is large.
 """
 
 from __future__ import annotations
@@ -23,29 +32,38 @@ import warnings
 from collections.abc import Sequence
 
 import numpy as np
-import onnx
 
-from .._passes import differentiated_nodes, initializers_as_inputs
+from .. import artifacts, runtime
+from .._lazy import lazy
 from ..runtime import (
+    SESSIONS,
     OrtValue,
     device_to_providers,
     make_session,
+    options_key,
     ortvalue_view,
-    release_model_bytes,
     run_with_ortvalues,
     session_options,
     session_providers,
 )
 
+# imported on first use: a fit whose plan is cached parses no graph
+onnx = lazy("onnx")
+
 __all__ = [
     "AGENT_GRADIENT_OPS",
     "BACKENDS",
     "Backend",
+    "Plan",
     "agent_available",
     "agent_unsupported_ops",
     "check_backend",
+    "backend_class",
+    "build_plan",
     "choose_backend",
+    "find_plan",
     "make_backend",
+    "shared_session",
 ]
 
 logger = logging.getLogger("onnxgrad_sklearn")
@@ -107,6 +125,8 @@ def agent_unsupported_ops(training: onnx.ModelProto, weight_names: Sequence[str]
     list of str
         Sorted operator types (``domain:op`` outside the default domain).
     """
+    from .._passes import differentiated_nodes
+
     path = differentiated_nodes(training, weight_names, "loss")
     return sorted(
         {
@@ -121,6 +141,8 @@ def zero_derivative_nodes(
     training: onnx.ModelProto, weight_names: Sequence[str]
 ) -> list[onnx.NodeProto]:
     """The nodes on the differentiated path whose derivative is zero almost everywhere."""
+    from .._passes import differentiated_nodes
+
     path = differentiated_nodes(training, weight_names, "loss")
     return [n for n in path if n.domain in ("", "ai.onnx") and n.op_type in ZERO_DERIVATIVE_OPS]
 
@@ -209,13 +231,20 @@ def choose_backend(
     ValueError
         When an explicit choice cannot train this graph here.
     """
+    name, message = _choose(backend, training, weight_names, device)
+    if message:
+        logger.info(message)
+    return name
+
+
+def _choose(backend, training, weight_names, device) -> tuple[str, str | None]:
+    """:func:`choose_backend`'s choice and the line it logs (None: none)."""
     double = _is_double(training)
     check_backend(backend, device, np.float64 if double else np.float32)
     if backend == "standard":
-        return backend
+        return backend, None
     if double:
-        logger.info("backend: standard (the training graph is float64)")
-        return "standard"
+        return "standard", "backend: standard (the training graph is float64)"
     unsupported = agent_unsupported_ops(training, weight_names)
     if backend == "agent":
         if unsupported:
@@ -225,16 +254,14 @@ def choose_backend(
                 "backend='standard' (or 'auto'), which differentiates them with onnx-ad, "
                 "or write the loss with other operators."
             )
-        return backend
+        return backend, None
     if not agent_available():
         reason = "onnxruntime-training is not installed"
     elif unsupported:
         reason = f"the TrainingAgent has no gradient for {unsupported}"
     else:
-        logger.info("backend: agent (onnxruntime-training is installed)")
-        return "agent"
-    logger.info("backend: standard (%s)", reason)
-    return "standard"
+        return "agent", "backend: agent (onnxruntime-training is installed)"
+    return "standard", f"backend: standard ({reason})"
 
 
 def _installed_runtimes() -> list[str]:
@@ -248,18 +275,151 @@ def _is_double(training: onnx.ModelProto) -> bool:
     return bool(inputs) and inputs[0].type.tensor_type.elem_type == onnx.TensorProto.DOUBLE
 
 
-def make_backend(name: str, **kwargs) -> Backend:
-    """Create the backend ``name`` (its module is imported here, on first use)."""
+def backend_class(name: str) -> type:
+    """The class of the backend ``name`` (its module is imported here, on first use)."""
     if name == "agent":
         from .agent import AgentBackend
 
-        return AgentBackend(**kwargs)
+        return AgentBackend
     if name == "standard":
         from .standard import StandardBackend
 
-        return StandardBackend(**kwargs)
+        return StandardBackend
     _check_name(name)
     raise ValueError(f"backend={name!r}: choose it with choose_backend first.")
+
+
+def make_backend(name: str, **kwargs) -> Backend:
+    """Create the backend ``name`` (its module is imported here, on first use)."""
+    return backend_class(name)(**kwargs)
+
+
+class Plan:
+    """The graphs a fit of one structure runs: a training artifact and its key.
+
+    Built once by :func:`build_plan` (onnx, the backend's gradient builder), found
+    again by :func:`find_plan` in the process or the disk cache. Every blob is a
+    serialized ONNX model; what a fit reads about them (input names, the agent's
+    graph info, the backend chosen and why) is in :attr:`meta`, so that a fit from
+    a cached plan parses none.
+
+    Parameters
+    ----------
+    key : str
+        The artifact's key.
+    artifact : onnxgrad_sklearn.artifacts.Artifact
+        Its blobs and metadata.
+
+    Attributes
+    ----------
+    key : str
+    blobs : dict of str to bytes
+        ``"training.onnx"`` (the training graph, weights as inputs),
+        ``"predict.onnx"`` (the inference graph, weights as inputs; absent without
+        one), and each backend's own.
+    meta : dict
+        ``"backend"``, ``"log"`` (the line the choice logs, or None), and each
+        backend's own.
+    """
+
+    def __init__(self, key: str, artifact):
+        self.key = key
+        self.artifact = artifact
+        self.blobs = artifact.blobs
+        self.meta = artifact.meta
+
+    @property
+    def backend(self) -> str:
+        """The backend the plan is for, ``"agent"`` or ``"standard"``."""
+        return self.meta["backend"]
+
+    def model(self, name: str) -> onnx.ModelProto:
+        """The blob ``name`` parsed (onnx imported): a new model at each call."""
+        return onnx.load_from_string(self.blobs[name])
+
+    def digest(self, name: str) -> str:
+        """The digest of the blob ``name`` (what its sessions are shared by)."""
+        return self.artifact.digest(name)
+
+
+def find_plan(key: str | None) -> Plan | None:
+    """The plan of ``key`` built earlier (in memory or on disk), or None."""
+    found = artifacts.get(key)
+    if found is None or "backend" not in found.meta:
+        return None
+    return Plan(key, found)
+
+
+def build_plan(
+    backend: str,
+    training: onnx.ModelProto,
+    model: onnx.ModelProto | None,
+    weight_names: Sequence[str],
+    shapes: Sequence[tuple],
+    optimizer,
+    device: str,
+    key: str | None = None,
+) -> Plan:
+    """Choose the backend for ``training``, build its graphs, keep them (:func:`find_plan`).
+
+    Parameters
+    ----------
+    backend : {"auto", "agent", "standard"}
+        What was asked for (:func:`choose_backend`).
+    training : onnx.ModelProto
+        The training graph, weights as initializers holding their starting values.
+    model : onnx.ModelProto or None
+        The inference graph, for :meth:`Backend.predict`.
+    weight_names : list of str
+        The trained initializers.
+    shapes : list of tuple of int
+        Their shapes.
+    optimizer : BaseOptimizer
+        The update rule (the agent's update graph; the standard backend's step graphs).
+    device : str
+        ``"cpu"`` or ``"cuda[:N]"``.
+    key : str, optional
+        The plan's key, made by the caller from the structure; None: made here from
+        the graphs (digests of their bytes).
+    """
+    from .._passes import initializers_as_inputs, pin_versions
+
+    name, message = _choose(backend, training, weight_names, device)
+    if message:
+        logger.info(message)
+    inputs = pin_versions(initializers_as_inputs(training, weight_names))
+    shapes = [tuple(int(d) for d in shape) for shape in shapes]
+    blobs = {"training.onnx": inputs.SerializeToString()}
+    if model is not None:
+        blobs["predict.onnx"] = initializers_as_inputs(model, weight_names).SerializeToString()
+    if key is None:
+        key = graph_key(name, blobs, weight_names, optimizer, shapes, device)
+        found = find_plan(key)
+        if found is not None:
+            return found
+    meta = {"backend": name, "log": message}
+    own_blobs, own_meta = backend_class(name).build_graphs(
+        inputs, training, list(weight_names), shapes, optimizer, device
+    )
+    blobs["training.onnx"] = inputs.SerializeToString()  # as the backend left it
+    blobs.update(own_blobs)
+    meta.update(own_meta)
+    plan = Plan(key, artifacts.Artifact(blobs, meta))
+    artifacts.put(key, plan.artifact)
+    return plan
+
+
+def graph_key(name, blobs, weight_names, optimizer, shapes, device) -> str:
+    """The key of a plan described by its graphs' bytes (a structure without a key):
+    the training and predict graphs in ``blobs``, the update rule and the device."""
+    if artifacts.describable(optimizer):
+        rule = optimizer
+    else:  # a rule of the user's: what it builds
+        update = optimizer.build_update_model([tuple(s) for s in shapes], flat=False)
+        rule = artifacts.digest(update.SerializeToString())
+    graphs = sorted((n, artifacts.digest(b)) for n, b in blobs.items())
+    parts = (name, graphs, list(weight_names), rule, device_to_providers(device))
+    return artifacts.make_key("plan", parts)
 
 
 def all_finite(array: np.ndarray, chunk: int = 1 << 16) -> bool:
@@ -272,6 +432,22 @@ def all_finite(array: np.ndarray, chunk: int = 1 << 16) -> bool:
     return all(np.isfinite(flat[i : i + chunk]).all() for i in range(0, flat.size, chunk))
 
 
+def shared_session(
+    blob: bytes, digest, options, providers, provider_options=None, weights=0, **kwargs
+):
+    """The process's session of the graph ``blob`` (:data:`~onnxgrad_sklearn.runtime.SESSIONS`),
+    found by ``digest`` and the session's settings; ``digest=None``: a new one.
+    ``weights``: those of the model, what bounds the pool's memory."""
+
+    def make():
+        return make_session(blob, options, providers, provider_options, **kwargs)
+
+    if digest is None:
+        return make()
+    key = (digest, options_key(options, providers, provider_options, **kwargs))
+    return SESSIONS.shared(key, make, weights)
+
+
 class Backend:
     """What the fit loop asks of a training backend.
 
@@ -281,12 +457,13 @@ class Backend:
 
     Parameters
     ----------
-    training : onnx.ModelProto
+    training : onnx.ModelProto or None
         The training graph (:func:`onnxgrad_sklearn.engine.build_training_graph`):
-        inputs the model's, ``y_true`` and ``sample_weight``; output ``loss``.
+        inputs the model's, ``y_true`` and ``sample_weight`` (and the penalty's
+        coefficients, ``constants``); output ``loss``. Read only without a ``plan``:
+        its plan is then built here (:func:`build_plan`).
     model : onnx.ModelProto or None
-        The inference graph, for :meth:`predict`; kept with the weights as inputs
-        (attribute ``model``), without a copy of their values.
+        The inference graph, for :meth:`predict` (only without a ``plan``).
     output_name : str
         Its prediction output.
     weight_names : list of str
@@ -301,6 +478,11 @@ class Backend:
         Options of the training sessions.
     update_options : onnxruntime.SessionOptions
         Options of a separate update session (one thread), where there is one.
+    plan : Plan, optional
+        The graphs to run (:func:`build_plan`, :func:`find_plan`).
+    constants : dict of str to float, optional
+        Inputs of the training graph that keep their value for the whole fit (the
+        penalty's coefficients), by name.
 
     Attributes
     ----------
@@ -308,6 +490,13 @@ class Backend:
         ``"agent"`` or ``"standard"``.
     step : int
         Updates since the optimizer state was created.
+    plan : Plan
+        The graphs it runs.
+    shared : bool
+        Whether its sessions are the process's (:data:`~onnxgrad_sklearn.runtime.SESSIONS`,
+        shared with the other fits of the structure): all but those of a model of
+        :data:`~onnxgrad_sklearn.runtime.LARGE_MODEL` weights or more, whose sessions
+        hold enough memory to be freed with the fit.
     """
 
     name = ""
@@ -323,10 +512,9 @@ class Backend:
         device="cpu",
         options=None,
         update_options=None,
+        plan=None,
+        constants=None,
     ):
-        # Without the weights' values: the estimator replaces its own graph at the end
-        # of each fit, and this one would keep the first fit's weights alive.
-        self.model = None if model is None else initializers_as_inputs(model, weight_names)
         self.output_name = output_name
         self.weight_names = list(weight_names)
         self.shapes = [tuple(np.shape(w)) for w in start]
@@ -341,6 +529,37 @@ class Backend:
         self._predict = None
         #: The training dtype (float32 or float64): that of the weights.
         self.dtype = np.asarray(start[0]).dtype if len(start) else np.dtype(np.float32)
+        if plan is None:
+            plan = build_plan(
+                self.name, training, model, weight_names, self.shapes, optimizer, device
+            )
+        self.plan = plan
+        self.constants = {
+            name: np.asarray(value, dtype=self.dtype) for name, value in (constants or {}).items()
+        }
+        #: The number of weights trained.
+        self.n_weights = sum(int(np.prod(shape)) for shape in self.shapes)
+        self.shared = self.n_weights < runtime.LARGE_MODEL
+
+    @property
+    def model(self) -> onnx.ModelProto | None:
+        """The inference graph with the weights as inputs (parsed at each call), or None."""
+        return self.plan.model("predict.onnx") if "predict.onnx" in self.plan.blobs else None
+
+    def session(self, blob: str, digest: str | None = None, options=None, **kwargs):
+        """A session of ``blob`` (a name in :attr:`plan`, or bytes and their ``digest``).
+
+        The process's when :attr:`shared` (made by the first fit that asks, then
+        found by the others), else one of this backend's own. ``options``: the
+        training sessions' by default; ``kwargs`` go to ``make_session``.
+        """
+        if isinstance(blob, str):
+            blob, digest = self.plan.blobs[blob], self.plan.digest(blob)
+        options = self.options if options is None else options
+        return shared_session(
+            blob, digest if self.shared else None, options, self.providers, self.provider_options,
+            weights=self.n_weights, **kwargs,
+        )  # fmt: skip
 
     # what each backend implements --------------------------------------
     @property
@@ -471,15 +690,7 @@ class Backend:
     def predict(self, X) -> np.ndarray:
         """Return the model's predictions for ``X`` with the current weights."""
         if self._predict is None:
-            import onnxruntime
-
-            self._predict = onnxruntime.InferenceSession(
-                self.model.SerializeToString(),
-                sess_options=self.options,
-                providers=self.providers,
-                provider_options=self.provider_options,
-            )
-            release_model_bytes(self._predict)
+            self._predict = self.session("predict.onnx")
         names = [i.name for i in self._predict.get_inputs()]
         X = np.ascontiguousarray(X, dtype=self.dtype)
         feeds = [self._feed(X)] + list(self.weights)
@@ -514,18 +725,23 @@ class Backend:
         return previous
 
 
-def warn_zero_derivatives(training: onnx.ModelProto, weight_names: Sequence[str]) -> None:
-    """Warn when the loss reaches the weights through an operator of zero derivative."""
+def zero_derivative_warning(training: onnx.ModelProto, weight_names: Sequence[str]):
+    """The warning of a loss reaching the weights through an operator of zero
+    derivative (None: it does not), as a fit gives it (:func:`warn`)."""
     nodes = zero_derivative_nodes(training, weight_names)
     if not nodes:
-        return
+        return None
     named = ", ".join(sorted({f"{n.op_type} ({n.name or n.output[0]})" for n in nodes}))
-    warnings.warn(
+    return (
         f"The training graph's loss depends on the weights through {named}, whose "
         "derivative is zero almost everywhere: no gradient flows back through it, so "
         "whatever the loss computes from its output cannot move the weights. Expected only "
         "where it selects values (a mask, a Where condition); otherwise write the loss "
-        "with differentiable operators.",
-        UserWarning,
-        stacklevel=6,
+        "with differentiable operators."
     )
+
+
+def warn(message: str | None) -> None:
+    """Give a warning a plan recorded (at each fit of it), pointing at the fit."""
+    if message:
+        warnings.warn(message, UserWarning, stacklevel=7)

@@ -14,6 +14,12 @@ installed onnxruntime is not the training build.
   ``OrtValue`` objects.
 * :class:`AgentBackend` is the training step of the fit loop on them: forward,
   backward, then the optimizer's update graph in its own session.
+
+The graphs are built once per structure and kept in the fit's plan (a training
+artifact, :func:`~onnxgrad_sklearn.backends.build_plan`); a TrainingAgent is not
+thread-safe, so a fit takes one out of the process's pool for its duration and puts
+it back at its end (:meth:`OrtGradientForwardBackward.release`): the fits of a
+GridSearchCV reuse them, two fits at once in two threads each get their own.
 """
 
 from __future__ import annotations
@@ -22,22 +28,26 @@ import logging
 from collections.abc import Sequence
 
 import numpy as np
-import onnx
-from onnx import TensorProto
 
-from .._passes import pin_versions, rewrite_batch_sums, rewrite_relu_grad
+from .._lazy import lazy
 from ..runtime import (
+    SESSIONS,
     BoundRun,
     DoubleBuffers,
     OrtValue,
     device_to_providers,
+    options_key,
     ort_device,
     release_model_bytes,
     run_with_ortvalues,
     session_providers,
     to_ortvalue,
 )
-from . import Backend
+from . import Backend, shared_session
+
+# imported on first use: a fit whose plan is cached parses no graph
+onnx = lazy("onnx")
+TensorProto = lazy("onnx", "TensorProto")
 
 try:
     import onnxruntime
@@ -197,7 +207,8 @@ class OrtGradientForwardBackward:
     """Build the gradient graph of an ONNX model and run it on ``OrtValue`` objects.
 
     ``OrtModuleGraphBuilder`` turns the listed initializers into graph inputs
-    and appends the backward graph. The resulting object offers three passes:
+    and appends the backward graph (:meth:`build`: the graphs as bytes and what
+    the runs need to know about them). The resulting object offers three passes:
 
     * :meth:`forward` (training): returns the user outputs and an execution
       state to give to :meth:`backward`;
@@ -209,9 +220,9 @@ class OrtGradientForwardBackward:
 
     Parameters
     ----------
-    onnx_model : onnx.ModelProto
+    onnx_model : onnx.ModelProto or None
         The model. Its IR version and opsets are lowered to what the runtime
-        accepts (a copy is made).
+        accepts (a copy is made). None with ``graphs``.
     weights_to_train : list of str
         Float initializers to differentiate with respect to, in the order in
         which they are fed and their gradients returned.
@@ -225,6 +236,16 @@ class OrtGradientForwardBackward:
         Options of each provider of ``device``; by default
         ``runtime.session_providers(device)`` (on CUDA ``device_id`` and
         ``use_tf32`` as the package's settings say).
+    graphs : Plan, optional
+        The graphs :meth:`build` made, kept in a plan (``onnx_model`` is not read):
+        made into sessions without onnx.
+    shared : bool, default=False
+        Whether the sessions are the process's
+        (:data:`~onnxgrad_sklearn.runtime.SESSIONS`): the forward session shared,
+        the TrainingAgent (not thread-safe) taken out of the pool when first used
+        and put back by :meth:`release`.
+    n_weights : int, default=0
+        The number of weights trained (what bounds the pool's memory).
 
     Attributes
     ----------
@@ -232,12 +253,10 @@ class OrtGradientForwardBackward:
         User inputs of the model, in feeding order.
     output_names : list of str
         User outputs of the model.
-    graph_info : GraphInfo
-        What the builder reports (frontier map, non-differentiable outputs...).
     gradient_model : onnx.ModelProto
-        The forward and backward graph the training session runs.
+        The forward and backward graph the training session runs (parsed when read).
     forward_model : onnx.ModelProto
-        The forward graph with the weights as inputs.
+        The forward graph with the weights as inputs (parsed when read).
     differentiable_output_indices : list of int
         Indices in ``output_names`` of the outputs :meth:`backward` needs a
         gradient for.
@@ -245,96 +264,140 @@ class OrtGradientForwardBackward:
 
     def __init__(
         self,
-        onnx_model: onnx.ModelProto,
+        onnx_model: onnx.ModelProto | None,
         weights_to_train: Sequence[str],
         input_names_require_grad: Sequence[str] = (),
         device: str = "cpu",
         session_options: onnxruntime.SessionOptions | None = None,
         provider_options: Sequence[dict] | None = None,
+        graphs=None,
+        shared: bool = False,
+        n_weights: int = 0,
     ):
-        model = onnx.ModelProto()
-        model.CopyFrom(onnx_model)
-        pin_versions(model)
-        self.weights_to_train = list(weights_to_train)
-        self.input_names_require_grad = list(input_names_require_grad)
+        if graphs is None:
+            from .. import artifacts
+
+            blobs, meta = self.build(onnx_model, weights_to_train, input_names_require_grad)
+            graphs = artifacts.Artifact(blobs, meta)
+        self.graphs = graphs
+        meta = graphs.meta
+        self.weights_to_train = list(meta["weights_to_train"])
+        self.input_names_require_grad = list(meta["input_names_require_grad"])
         self.device = device
         self.providers, self.device_index = device_to_providers(device)
         if provider_options is None:
             provider_options = session_providers(device)[1]
         self.provider_options = list(provider_options)
-        self._check_weights(model)
+        self.input_names = list(meta["input_names"])
+        self.output_names = list(meta["output_names"])
+        self.differentiable_output_indices = list(meta["differentiable_output_indices"])
+        self._n_user_outputs = int(meta["n_user_outputs"])
+        self._session_options = session_options
+        self.shared = shared
+        self._n_weights = n_weights  # what bounds the pool's memory
+        self._agent_key = None
+        if shared:
+            self._agent_key = (
+                graphs.digest("gradient.onnx"),
+                options_key(session_options, self.providers, self.provider_options),
+            )
+        self._agent = None
+        self._eval_session = None
+
+    @classmethod
+    def build(
+        cls,
+        onnx_model: onnx.ModelProto,
+        weights_to_train: Sequence[str],
+        input_names_require_grad: Sequence[str] = (),
+    ) -> tuple[dict, dict]:
+        """The gradient and forward graphs of ``onnx_model``, and what the runs need.
+
+        Returns
+        -------
+        blobs : dict of str to bytes
+            ``"gradient.onnx"`` (forward and backward, a ``YieldOp`` between them,
+            ``ReluGrad`` and batch sums rewritten) and ``"forward.onnx"``.
+        meta : dict
+            Input and output names, the forward feeds and backward fetches, the
+            number of forward outputs, the differentiable outputs.
+        """
+        from .._passes import pin_versions, rewrite_batch_sums, rewrite_relu_grad
+
+        model = onnx.ModelProto()
+        model.CopyFrom(onnx_model)
+        pin_versions(model)
+        weights_to_train = list(weights_to_train)
+        input_names_require_grad = list(input_names_require_grad)
+        cls._check_weights(model, weights_to_train)
         initializer_names = [i.name for i in model.graph.initializer]
-        self.input_names = [i.name for i in model.graph.input if i.name not in initializer_names]
-        self.output_names = [o.name for o in model.graph.output]
+        input_names = [i.name for i in model.graph.input if i.name not in initializer_names]
+        output_names = [o.name for o in model.graph.output]
 
         config = _C.OrtModuleGraphBuilderConfiguration()
-        config.initializer_names = self.weights_to_train
-        config.initializer_names_to_train = self.weights_to_train
-        config.input_names_require_grad = self.input_names_require_grad
+        config.initializer_names = weights_to_train
+        config.initializer_names_to_train = weights_to_train
+        config.input_names_require_grad = input_names_require_grad
         config.build_gradient_graph = True
         config.enable_caching = False
         config.loglevel = type(config.loglevel).ERROR
         builder = _C.OrtModuleGraphBuilder()
         logger.debug(
             "building the gradient graph: inputs=%r outputs=%r weights=%r",
-            self.input_names,
-            self.output_names,
-            self.weights_to_train,
+            input_names,
+            output_names,
+            weights_to_train,
         )
         builder.initialize(model.SerializeToString(), config)
         builder.build(_C.TrainingGraphTransformerConfiguration())
-        gradient_bytes = builder.get_gradient_model()
-        forward_bytes = builder.get_forward_model()
-        self.graph_info = builder.get_graph_info()
-        self.gradient_model = onnx.load_from_string(gradient_bytes)
-        rewritten = rewrite_relu_grad(self.gradient_model)
-        rewritten += rewrite_batch_sums(self.gradient_model)
-        if rewritten:
-            gradient_bytes = self.gradient_model.SerializeToString()
-        self.forward_model = onnx.load_from_string(forward_bytes)
-        self._name_unnamed_nodes(self.gradient_model)
-        self._name_unnamed_nodes(self.forward_model)
+        graph_info = builder.get_graph_info()
+        gradient_model = onnx.load_from_string(builder.get_gradient_model())
+        rewrite_relu_grad(gradient_model)
+        rewrite_batch_sums(gradient_model)
+        forward_model = onnx.load_from_string(builder.get_forward_model())
+        cls._name_unnamed_nodes(gradient_model)
+        cls._name_unnamed_nodes(forward_model)
 
-        non_diff = set(self.graph_info.output_grad_indices_non_differentiable)
-        self.differentiable_output_indices = [
-            i for i in range(len(self.output_names)) if i not in non_diff
-        ]
-        grad_inputs = [i.name for i in self.gradient_model.graph.input]
-        bw_fetches = [o.name for o in self.gradient_model.graph.output]
-        n_fw_outputs = len(self.graph_info.user_output_names) + len(
-            self.graph_info.frontier_node_arg_map
-        )
-        expected = len(self.input_names_require_grad) + len(self.weights_to_train)
+        non_diff = set(graph_info.output_grad_indices_non_differentiable)
+        grad_inputs = [i.name for i in gradient_model.graph.input]
+        bw_fetches = [o.name for o in gradient_model.graph.output]
+        n_fw_outputs = len(graph_info.user_output_names) + len(graph_info.frontier_node_arg_map)
+        expected = len(input_names_require_grad) + len(weights_to_train)
         if len(bw_fetches) != expected:
             raise RuntimeError(
                 f"the gradient graph returns {len(bw_fetches)} gradients, expected {expected} "
-                f"({self.input_names_require_grad + self.weights_to_train})."
+                f"({input_names_require_grad + weights_to_train})."
             )
-        self.agent = TrainingAgent(
-            gradient_bytes,
-            grad_inputs,
-            n_fw_outputs,
-            bw_fetches,
-            providers=self.providers,
-            device_index=self.device_index,
-            session_options=session_options,
-            provider_options=self.provider_options,
-        )
-        self._n_user_outputs = len(self.graph_info.user_output_names)
-        self._forward_bytes = forward_bytes
-        self._session_options = session_options
-        self._eval_session = None
         logger.debug(
             "gradient graph built: %d nodes, %d forward outputs",
-            len(self.gradient_model.graph.node),
+            len(gradient_model.graph.node),
             n_fw_outputs,
         )
+        blobs = {
+            "gradient.onnx": gradient_model.SerializeToString(),
+            "forward.onnx": forward_model.SerializeToString(),
+        }
+        meta = {
+            "weights_to_train": weights_to_train,
+            "input_names_require_grad": input_names_require_grad,
+            "input_names": input_names,
+            "output_names": output_names,
+            "fw_feed_names": grad_inputs,
+            "bw_fetches_names": bw_fetches,
+            "n_fw_outputs": n_fw_outputs,
+            "n_user_outputs": len(graph_info.user_output_names),
+            "differentiable_output_indices": [
+                i for i in range(len(output_names)) if i not in non_diff
+            ],
+        }
+        return blobs, meta
 
-    def _check_weights(self, model: onnx.ModelProto) -> None:
+    @staticmethod
+    def _check_weights(model: onnx.ModelProto, weights_to_train) -> None:
         types = {i.name: i.data_type for i in model.graph.initializer}
-        if len(set(self.weights_to_train)) != len(self.weights_to_train):
-            raise ValueError(f"weights_to_train has duplicates: {self.weights_to_train}.")
-        for name in self.weights_to_train:
+        if len(set(weights_to_train)) != len(weights_to_train):
+            raise ValueError(f"weights_to_train has duplicates: {weights_to_train}.")
+        for name in weights_to_train:
             if name not in types:
                 raise ValueError(f"{name!r} is not an initializer of the model.")
             if types[name] == TensorProto.DOUBLE:
@@ -352,6 +415,42 @@ class OrtGradientForwardBackward:
         for i, node in enumerate(model.graph.node):
             if not node.name:
                 node.name = f"N{i}"
+
+    @property
+    def gradient_model(self) -> onnx.ModelProto:
+        """The forward and backward graph (parsed at each read)."""
+        return onnx.load_from_string(self.graphs.blobs["gradient.onnx"])
+
+    @property
+    def forward_model(self) -> onnx.ModelProto:
+        """The forward graph with the weights as inputs (parsed at each read)."""
+        return onnx.load_from_string(self.graphs.blobs["forward.onnx"])
+
+    @property
+    def agent(self) -> TrainingAgent:
+        """The TrainingAgent this object runs: taken from the pool (or made) on first use."""
+        if self._agent is None:
+            self._agent = SESSIONS.checkout(self._agent_key, self._make_agent)
+        return self._agent
+
+    def _make_agent(self) -> TrainingAgent:
+        meta = self.graphs.meta
+        return TrainingAgent(
+            self.graphs.blobs["gradient.onnx"],
+            meta["fw_feed_names"],
+            meta["n_fw_outputs"],
+            meta["bw_fetches_names"],
+            providers=self.providers,
+            device_index=self.device_index,
+            session_options=self._session_options,
+            provider_options=self.provider_options,
+        )
+
+    def release(self) -> None:
+        """Put the TrainingAgent back into the pool (shared only; a later pass takes one again)."""
+        if self.shared and self._agent is not None:
+            agent, self._agent = self._agent, None
+            SESSIONS.give_back(self._agent_key, agent, self._n_weights)
 
     def forward(self, inputs: Sequence[OrtValue], weights: Sequence[OrtValue]):
         """Run the training forward pass.
@@ -375,8 +474,9 @@ class OrtGradientForwardBackward:
                 f"forward expects {len(self.input_names)} inputs and "
                 f"{len(self.weights_to_train)} weights, got {len(inputs)} and {len(weights)}."
             )
-        state = self.agent.new_state()
-        outputs = self.agent.run_forward(list(inputs) + list(weights), state)
+        agent = self.agent
+        state = agent.new_state()
+        outputs = agent.run_forward(list(inputs) + list(weights), state)
         return outputs[: self._n_user_outputs], state
 
     def backward(self, grad_outputs: Sequence[OrtValue], state) -> list[OrtValue]:
@@ -426,13 +526,15 @@ class OrtGradientForwardBackward:
     def eval_session(self) -> onnxruntime.InferenceSession:
         """Session on the forward graph with the weights as inputs (made on first use)."""
         if self._eval_session is None:
-            self._eval_session = onnxruntime.InferenceSession(
-                self._forward_bytes,
-                sess_options=self._session_options,
-                providers=self.providers,
-                provider_options=self.provider_options,
+            digest = self.graphs.digest("forward.onnx") if self.shared else None
+            self._eval_session = shared_session(
+                self.graphs.blobs["forward.onnx"],
+                digest,
+                self._session_options,
+                self.providers,
+                self.provider_options,
+                weights=self._n_weights,
             )
-            release_model_bytes(self._eval_session)
         return self._eval_session
 
 
@@ -452,23 +554,25 @@ class AgentBackend(Backend):
     def __init__(self, training, model, output_name, weight_names, start, optimizer, **kwargs):
         super().__init__(training, model, output_name, weight_names, start, optimizer, **kwargs)
         self.forward_backward = OrtGradientForwardBackward(
-            training,
+            None,
             self.weight_names,
             device=self.device,
             session_options=self.options,
             provider_options=self.provider_options,
+            graphs=self.plan,
+            shared=self.shared,
+            n_weights=self.n_weights,
         )
-        flat = self.device == "cpu" and optimizer.elementwise
-        update_model = optimizer.build_update_model(self.shapes, flat=flat)
+        # the training graph's inputs after the batch (the penalty's coefficients)
+        self._constant_feeds = [
+            self._feed(self.constants[name])
+            for name in self.forward_backward.input_names
+            if name in self.constants
+        ]
+        flat = bool(self.plan.meta["flat"])
         # The update session runs on one thread: a second pool of threads competes
         # with the training session's (benchmarks/README.md).
-        self._update = onnxruntime.InferenceSession(
-            update_model.SerializeToString(),
-            sess_options=self.update_options,
-            providers=self.providers,
-            provider_options=self.provider_options,
-        )
-        release_model_bytes(self._update)
+        self._update = self.session("update.onnx", options=self.update_options)
         self._update_inputs = [i.name for i in self._update.get_inputs()]
         self._one = to_ortvalue(np.array(1.0, dtype=np.float32), self.device)
         self._lr = to_ortvalue(np.array(0.0, dtype=np.float32), self.device)
@@ -492,6 +596,23 @@ class AgentBackend(Backend):
             self._weights = [to_ortvalue(np.asarray(w, np.float32), self.device) for w in start]
             self._state = [[] for _ in start]
         self.reset_optimizer()
+
+    @classmethod
+    def build_graphs(cls, inputs, training, weight_names, shapes, optimizer, device):
+        """The agent's graphs of a plan (:func:`~onnxgrad_sklearn.backends.build_plan`):
+        the gradient and forward graphs (:meth:`OrtGradientForwardBackward.build`)
+        and the update graph (one flat vector per state on the CPU for an
+        element-wise rule)."""
+        blobs, meta = OrtGradientForwardBackward.build(training, weight_names)
+        flat = device == "cpu" and bool(optimizer.elementwise)
+        update = optimizer.build_update_model([tuple(s) for s in shapes], flat=flat)
+        blobs["update.onnx"] = update.SerializeToString()
+        meta["flat"] = flat
+        return blobs, meta
+
+    def release_sessions(self) -> None:
+        """Put the TrainingAgent back into the process's pool at the end of a fit."""
+        self.forward_backward.release()
 
     @property
     def weights(self):
@@ -564,7 +685,8 @@ class AgentBackend(Backend):
     def train_batch(self, X, y, sample_weight, learning_rate):
         fb = self.forward_backward
         outputs, state = fb.forward(
-            [self._feed(X), self._feed(y), self._feed(sample_weight)], self.weights
+            [self._feed(X), self._feed(y), self._feed(sample_weight), *self._constant_feeds],
+            self.weights,
         )
         loss = float(outputs[0].numpy())
         if not np.isfinite(loss):
@@ -603,7 +725,8 @@ class AgentBackend(Backend):
 
     def _forward(self, X, y, sample_weight):
         outputs, state = self.forward_backward.forward(
-            [self._feed(X), self._feed(y), self._feed(sample_weight)], self.weights
+            [self._feed(X), self._feed(y), self._feed(sample_weight), *self._constant_feeds],
+            self.weights,
         )
         return float(outputs[0].numpy()), state
 

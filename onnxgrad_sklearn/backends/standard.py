@@ -14,56 +14,40 @@ last step is free. A batch with a non-finite loss must leave the set the undo go
 back to as it was: small models keep a third set to write into; from
 :data:`TWO_SETS_FROM` weights on, the update is applied only after a finite loss
 (:func:`guard_update`, an ``If`` in the graph) and two sets are enough.
+
+The step graph of each batch shape is a training artifact of its own, keyed by the
+fit's plan (:class:`~onnxgrad_sklearn.backends.Plan`) and the batch shape: a fit
+finding them imports neither onnx nor onnx-ad, and its sessions are the process's,
+shared with the other fits of the structure (the weights, state, batch, learning
+rate and penalty coefficients are bound by each fit).
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import logging
-import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 import numpy as np
-import onnx
-import onnx_ad
 
-from .._graph import model_dtype
-from .._passes import (
-    constant_input,
-    differentiated_nodes,
-    drop_identities,
-    fix_dimension,
-    initializers_as_inputs,
-    merge_duplicate_nodes,
-    merge_update,
-    needed_nodes,
-    pin_versions,
-    prune,
-    rewrite_broadcast_expands,
-    rewrite_leading_sums,
-    rewrite_noop_expands,
-    rewrite_repeated_terms,
-    rewrite_reshape_chains,
-    rewrite_sigmoid_adjoints,
-    rewrite_sum_of_squares,
-    rewrite_unit_reductions,
-    rewrite_unit_transposes,
-    static_shapes,
-)
+from .. import artifacts
+from .._lazy import lazy
 from ..runtime import (
     LARGE_MODEL,
     DeviceBuffers,
     DoubleBuffers,
     bindings,
     import_onnxruntime,
-    make_session,
     ort_device,
     ortvalue_view,
     to_ortvalue,
 )
-from . import Backend, all_finite, warn_zero_derivatives
+from . import Backend, all_finite, warn, zero_derivative_warning
+
+# imported on first use: a fit whose graphs are cached imports neither
+onnx = lazy("onnx")
+onnx_ad = lazy("onnx_ad")
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -90,13 +74,6 @@ UPDATE = "update/"
 DOUBLE_DISABLED_OPTIMIZERS = ["MatmulTransposeFusion", "MatMulScaleFusion"]
 #: Graphs kept per kind (batch sizes); a fit meets one or two.
 _CACHED = 4
-#: Step graphs kept for the whole process (by training graph, update rule and batch
-#: shape): a new fit of the same model (``GridSearchCV``, repeated fits, a clone)
-#: skips onnx-ad and the passes. Graphs only: their weights are inputs, so an entry
-#: is small; sessions, which hold memory plans, stay with their backend.
-_STEP_GRAPHS: OrderedDict = OrderedDict()
-_STEP_GRAPHS_KEPT = 16
-_STEP_GRAPHS_LOCK = threading.Lock()
 #: From this many weights on, a fit keeps two sets of weights and optimizer state
 #: instead of three, its step graph applying the update only after a finite loss
 #: (:func:`guard_update`): one set fewer (8 MB per million weights and state
@@ -126,13 +103,6 @@ def memory_pattern_grows() -> bool:
 DEVICE_BUFFERS_ON_CPU = False
 
 
-def _weights_as_inputs(training, weight_names):
-    # the graph engine.weights_as_inputs gives, without a CopyFrom of the weights
-    # (deleted afterwards, their bytes stayed alive with the copy: one copy of the
-    # weights for as long as the backend)
-    return initializers_as_inputs(training, weight_names)
-
-
 def gradient_graph(
     graph: onnx.ModelProto, weight_names, batch: int, targets: int | None = None
 ) -> onnx.ModelProto:
@@ -154,6 +124,8 @@ def gradient_graph(
     ValueError
         When onnx-ad has no rule for an operator on the differentiated path.
     """
+    from .._passes import constant_input, fix_dimension, pin_versions, rewrite_sigmoid_adjoints
+
     fixed = onnx.ModelProto()
     fixed.CopyFrom(graph)
     fix_dimension(fixed, BATCH, batch)
@@ -184,6 +156,8 @@ def unsupported_ops(training: onnx.ModelProto, weight_names) -> list[str]:
     """
     from onnx_ad import rules
 
+    from .._passes import differentiated_nodes
+
     found = set()
     for node in differentiated_nodes(training, weight_names, LOSS):
         if node.domain not in ("", "ai.onnx"):
@@ -206,6 +180,21 @@ def _simplify(model: onnx.ModelProto) -> None:
     the tensors they replace, and the leading sums record the shapes of those they
     make (same graphs as with a second inference on the 12 graphs checked).
     """
+    from .._passes import (
+        drop_identities,
+        merge_duplicate_nodes,
+        prune,
+        rewrite_broadcast_expands,
+        rewrite_leading_sums,
+        rewrite_noop_expands,
+        rewrite_repeated_terms,
+        rewrite_reshape_chains,
+        rewrite_sum_of_squares,
+        rewrite_unit_reductions,
+        rewrite_unit_transposes,
+        static_shapes,
+    )
+
     prune(model)
     shapes = static_shapes(model)
     counts = {
@@ -252,7 +241,13 @@ def step_graph(
 
     ``guard=True``: the backward pass and the update run only after a finite loss
     (:func:`guard_update`), with an input ``update/kept_<x>`` per output.
+
+    Built at each call (onnx-ad and the passes): :class:`StandardBackend` keeps what
+    it builds as a training artifact.
     """
+    from .._graph import model_dtype
+    from .._passes import merge_update
+
     flat = bool(optimizer.elementwise)
     dtype = model_dtype(graph)
     layout = list(shapes)
@@ -267,33 +262,6 @@ def step_graph(
         update = optimizer.build_update_model(layout, flat=flat)
     else:
         update = optimizer.build_update_model(layout, flat=flat, dtype=dtype)
-    key = (
-        _digest(graph),
-        _digest(update),
-        tuple(weight_names),
-        tuple(map(tuple, shapes)),
-        tuple(pads) if padded else None,
-        batch,
-        targets,
-        guard,
-    )
-    with _STEP_GRAPHS_LOCK:
-        cached = _STEP_GRAPHS.get(key)
-        if cached is not None:
-            _STEP_GRAPHS.move_to_end(key)
-    if cached is not None:
-        model = onnx.ModelProto()
-        model.CopyFrom(cached)
-        return model, flat
-    from .. import artifacts
-
-    # built by an earlier process: the disk cache (onnx-ad and the passes skipped)
-    stored_key = artifacts.make_key("step", [k.hex() if isinstance(k, bytes) else k for k in key])
-    stored = artifacts.get(stored_key, memory=False)  # parsed, it is kept in _STEP_GRAPHS
-    if stored is not None:
-        model = onnx.load_from_string(stored.blobs["step.onnx"])
-        _keep_step_graph(key, model)
-        return model, flat
     grad = gradient_graph(graph, weight_names, batch, targets)
     adjoints = [o.name for o in grad.graph.output[1:]]
     del grad.graph.output[1:]
@@ -326,20 +294,14 @@ def step_graph(
     _simplify(grad)
     if guard:
         guard_update(grad)
-    artifacts.put(
-        stored_key, artifacts.Artifact({"step.onnx": grad.SerializeToString()}), memory=False
-    )
-    _keep_step_graph(key, grad)
     return grad, flat
 
 
-def _keep_step_graph(key, model: onnx.ModelProto) -> None:
-    kept = onnx.ModelProto()
-    kept.CopyFrom(model)
-    with _STEP_GRAPHS_LOCK:
-        _STEP_GRAPHS[key] = kept
-        while len(_STEP_GRAPHS) > _STEP_GRAPHS_KEPT:
-            _STEP_GRAPHS.popitem(last=False)
+def _constant_names(model) -> set:
+    """The inputs of a training graph a fit gives once (the penalty's coefficients)."""
+    from ..engine import PENALTY_INPUTS
+
+    return {i.name for i in model.graph.input} & set(PENALTY_INPUTS)
 
 
 def kept_name(output: str) -> str:
@@ -360,6 +322,8 @@ def guard_update(model: onnx.ModelProto) -> None:
     onnxruntime writes a branch's outputs into the ``If``'s own (the bound
     buffers), and its ``Identity`` does not copy a tensor onto itself.
     """
+    from .._passes import needed_nodes
+
     graph = model.graph
     targets = [o for o in graph.output if o.name != LOSS]
     names = {o.name for o in targets}
@@ -432,10 +396,6 @@ def guard_update(model: onnx.ModelProto) -> None:
     )
 
 
-def _digest(model: onnx.ModelProto) -> bytes:
-    return hashlib.blake2b(model.SerializeToString(deterministic=True), digest_size=16).digest()
-
-
 class _StepRun:
     """One (read set, write set) pair of the fused step: its session and IO binding."""
 
@@ -470,25 +430,9 @@ class StandardBackend(Backend):
                 f"backend='standard' trains in float64 on the CPU only, device={self.device!r} "
                 "was asked for: use dtype='float32' on CUDA, or device='cpu'."
             )
-        self.training_model = pin_versions(_weights_as_inputs(training, self.weight_names))
-        # The width of the targets is taken from the batches (the classifier's binary
-        # targets have two columns for one logit), like the batch size.
-        for info in self.training_model.graph.input:
-            if info.name == Y_TRUE:
-                info.type.tensor_type.shape.dim[1].dim_param = TARGETS
-        weights = set(self.weight_names)
-        self.input_names = [
-            i.name for i in self.training_model.graph.input if i.name not in weights
-        ]
-        unsupported = unsupported_ops(training, self.weight_names)
-        if unsupported:
-            raise ValueError(
-                f"backend='standard' cannot differentiate the operator(s) {unsupported} of "
-                f"the training graph: onnx-ad {onnx_ad.__version__} has no rule for them. "
-                "Write the loss or the model with other operators, or try backend='agent' "
-                "(see docs/how_it_works.md for what each backend differentiates)."
-            )
-        warn_zero_derivatives(training, self.weight_names)
+        #: The batch's inputs of the training graph (X, y_true, sample_weight).
+        self.input_names = list(self.plan.meta["batch_names"])
+        warn(self.plan.meta["warning"])
         n_state = len(optimizer.state_names)
         #: Whether the buffers are runtime memory bound by address (CUDA, or the CPU
         #: through the same code), rather than numpy memory bound as OrtValue views.
@@ -530,7 +474,53 @@ class StandardBackend(Backend):
         self._gradients: OrderedDict = OrderedDict()  # batch size -> session
         self._forward = None
         self._previous = None
+        # the graph's inputs a fit gives once (the penalty's coefficients), as views
+        self._constants = {n: ortvalue_view(v) for n, v in self.constants.items()}
         self.reset_optimizer()
+
+    @classmethod
+    def build_graphs(cls, inputs, training, weight_names, shapes, optimizer, device):
+        """The standard backend's part of a plan (:func:`~onnxgrad_sklearn.backends.build_plan`).
+
+        No graph of its own (the step graphs are made per batch shape, see
+        :meth:`_step_graph`): ``inputs``, the training graph with the weights as
+        inputs, gets a symbol for the width of the targets; the metadata names the
+        batch's inputs and the warning a fit gives (:func:`zero_derivative_warning`).
+
+        Raises
+        ------
+        ValueError
+            When onnx-ad has no rule for an operator on the differentiated path.
+        """
+        unsupported = unsupported_ops(training, weight_names)
+        if unsupported:
+            raise ValueError(
+                f"backend='standard' cannot differentiate the operator(s) {unsupported} of "
+                f"the training graph: onnx-ad {onnx_ad.__version__} has no rule for them. "
+                "Write the loss or the model with other operators, or try backend='agent' "
+                "(see docs/how_it_works.md for what each backend differentiates)."
+            )
+        # The width of the targets is taken from the batches (the classifier's binary
+        # targets have two columns for one logit), like the batch size.
+        for info in inputs.graph.input:
+            if info.name == Y_TRUE:
+                info.type.tensor_type.shape.dim[1].dim_param = TARGETS
+        weights = set(weight_names)
+        batch_names = [
+            i.name
+            for i in inputs.graph.input
+            if i.name not in weights and i.name not in _constant_names(inputs)
+        ]
+        meta = {
+            "batch_names": batch_names,
+            "warning": zero_derivative_warning(training, weight_names),
+        }
+        return {}, meta
+
+    @property
+    def training_model(self) -> onnx.ModelProto:
+        """The training graph with the weights as inputs, as a new model at each read."""
+        return self.plan.model("training.onnx")
 
     # storage -------------------------------------------------------------
     @property
@@ -602,17 +592,25 @@ class StandardBackend(Backend):
         self._buffers.write(0, arrays)
 
     # sessions --------------------------------------------------------------
-    def _session(self, model: onnx.ModelProto) -> onnxruntime.InferenceSession:
+    def _session(self, blob, digest=None) -> onnxruntime.InferenceSession:
+        """The session of ``blob`` (a name in the plan, or bytes and their digest)."""
         # onnxruntime fuses Transpose + MatMul into com.microsoft.FusedMatMul, whose
         # CPU kernel is float32 only: a double graph would fail to load.
         disabled = DOUBLE_DISABLED_OPTIMIZERS if self.dtype == np.float64 else None
-        return make_session(
-            model,
-            self.options,
-            self.providers,
-            self.provider_options,
-            disabled_optimizers=disabled,
-        )
+        return self.session(blob, digest, disabled_optimizers=disabled)
+
+    def _artifact(self, kind: str, batch: int, targets: int, build):
+        """The graph ``kind`` (``"step"``, ``"gradients"``) of a batch shape, with its
+        metadata: a training artifact of the plan, made by ``build()`` (which returns a
+        model and its metadata) the first time."""
+        parts = (self.plan.key, batch, targets, self._buffers.pads, self.guarded)
+        key = artifacts.make_key(kind, parts)
+        found = artifacts.get(key)
+        if found is None:
+            model, meta = build()
+            found = artifacts.Artifact({f"{kind}.onnx": model.SerializeToString()}, meta)
+            artifacts.put(key, found)
+        return found
 
     @staticmethod
     def _cached(cache: OrderedDict, key, make):
@@ -624,7 +622,7 @@ class StandardBackend(Backend):
             cache.popitem(last=False)
         return value
 
-    def _make_step(self, batch: int, targets: int):
+    def _step_graph(self, batch: int, targets: int):
         model, flat = step_graph(
             self.training_model,
             self.weight_names,
@@ -638,7 +636,12 @@ class StandardBackend(Backend):
         logger.debug(
             "standard backend: step graph for batch %d, %d nodes", batch, len(model.graph.node)
         )
-        session = self._session(model)
+        return model, {"flat": flat}
+
+    def _make_step(self, batch: int, targets: int):
+        found = self._artifact("step", batch, targets, lambda: self._step_graph(batch, targets))
+        flat = bool(found.meta["flat"])
+        session = self._session(found.blobs["step.onnx"], found.digest("step.onnx"))
         runs = {}
         for p, q in itertools.permutations(range(self._n_sets), 2):  # read p, write q
             binding = bindings().SessionIOBinding(session._sess)
@@ -653,6 +656,7 @@ class StandardBackend(Backend):
         when guarded, set ``run.write`` as what a non-finite loss keeps."""
         b, binding, p, q = self._buffers, run.binding, run.read, run.write
         inputs = [(binding.bind_ortvalue_input, (UPDATE + "learning_rate", self._lr))]
+        inputs.extend((binding.bind_ortvalue_input, item) for item in self._constants.items())
         for i, name in enumerate(self.weight_names):
             inputs.append(b.binder(binding, name, p, 0, i))
         names = self.optimizer.state_names
@@ -694,6 +698,13 @@ class StandardBackend(Backend):
                     b.bind(binding, UPDATE + f"new_{name}_{i}", q, 1 + k, i, output=True)
 
     def _make_gradients(self, batch: int, targets: int):
+        found = self._artifact(
+            "gradients", batch, targets, lambda: (self._gradient_graph(batch, targets), {})
+        )
+        return self._session(found.blobs["gradients.onnx"], found.digest("gradients.onnx"))
+
+    def _gradient_graph(self, batch: int, targets: int):
+        """The loss and the gradient of each weight, shaped as the weight."""
         model = gradient_graph(self.training_model, self.weight_names, batch, targets)
         for out, shape in zip(model.graph.output[1:], self.shapes):
             dims = out.type.tensor_type.shape.dim
@@ -708,7 +719,7 @@ class StandardBackend(Backend):
                 onnx.helper.make_node("Reshape", [out.name + "_seeded", target], [out.name])
             )
         _simplify(model)
-        return self._session(model)
+        return model
 
     def _feeds(self, X, y, sample_weight):
         X = np.ascontiguousarray(X, dtype=self.dtype)
@@ -727,6 +738,8 @@ class StandardBackend(Backend):
         """Run ``session`` on CPU ``arrays`` (by name) and the current weights; host outputs."""
         binding = bindings().SessionIOBinding(session._sess)
         views = {name: ortvalue_view(np.ascontiguousarray(a)) for name, a in arrays.items()}
+        inputs = {i.name for i in session.get_inputs()}
+        views.update((n, v) for n, v in self._constants.items() if n in inputs)
         for name, value in views.items():
             binding.bind_ortvalue_input(name, value)
         for i, name in enumerate(self.weight_names):
@@ -817,7 +830,7 @@ class StandardBackend(Backend):
 
     def loss(self, X, y, sample_weight):
         if self._forward is None:
-            self._forward = self._session(self.training_model)
+            self._forward = self._session("training.onnx")
         arrays = dict(zip(self.input_names, self._feeds(X, y, sample_weight)))
         return float(self._run_once(self._forward, arrays, [LOSS])[0])
 
@@ -831,7 +844,7 @@ class StandardBackend(Backend):
 
     def predict(self, X) -> np.ndarray:
         if self._predict is None:
-            self._predict = self._session(self.model)  # the weights are its inputs already
+            self._predict = self._session("predict.onnx")  # the weights are its inputs
         weights = set(self.weight_names)
         names = [i.name for i in self._predict.get_inputs() if i.name not in weights]
         X = np.ascontiguousarray(X, dtype=self.dtype)
