@@ -233,7 +233,9 @@ def test_the_data_stays_on_the_workers(client, params):
         sampler.join()
     after = served(client)
     grown = (peak[0] - start) / 2**20
-    assert grown < 26, f"the client grew by {grown:.0f} MiB for 52 MB of data"
+    # the rows would be 50 MiB; a mini-batch fit's order of the rows, 12 bytes a row at
+    # its peak (7.4 MiB), and the fit's own bookkeeping stay well below
+    assert grown < 30, f"the client grew by {grown:.0f} MiB for 52 MB of data"
     assert all(after[a] > before.get(a, 0) for a in after), (before, after)
     assert est.n_iter_ >= 1 and est.score(X[:1000].compute(), y[:1000].compute()) > 0.9
 
