@@ -46,7 +46,15 @@ from collections import Counter, OrderedDict
 import numpy as np
 
 from ._dask_head import _sample
-from ._loops import _CHUNK_VALUES, _as_rows, _FullBatchObjective, _penalty_terms, _rows, _slices
+from ._loops import (
+    _CHUNK_VALUES,
+    _as_rows,
+    _FullBatchObjective,
+    _penalty_terms,
+    _rows,
+    _slices,
+    batch_rows,
+)
 
 logger = logging.getLogger("onnxgrad_sklearn")
 
@@ -204,13 +212,6 @@ def _scipy_sparse(value) -> bool:
     import scipy.sparse as sp
 
     return sp.issparse(value)
-
-
-def _batch_size(batch_size, n_samples) -> int:
-    """``est._batch_size(n_samples)`` without its warning (the loop gives it)."""
-    if batch_size == "auto":
-        return min(200, n_samples)
-    return int(np.clip(batch_size, 1, n_samples))
 
 
 def _kind(v) -> str:
@@ -591,7 +592,7 @@ class DaskRows:
         self.epochs = {
             "stage": self.register(_engine_payload(est, loss, engine, (0.0, 0.0))),
             "penalty": (est._penalized_mask(), alpha, l1_ratio),
-            "batch_size": _batch_size(est.batch_size, self.shape[0]),
+            "batch_size": batch_rows(est.batch_size, self.shape[0]),
             "previous": None,  # what undoes the last update
             "sync_every": est.sync_every,
         }
@@ -637,60 +638,39 @@ class DaskRows:
 
     def _gather_rows(self, positions):
         """The targets and weights of the rows ``positions``, in that order."""
-        picks = self._picks(positions)
-        found = self.client.gather(
-            [
-                self.client.submit(_targets_of, picks[a], *[self.parts[k] for k in picks[a]])
-                for a in sorted(picks)
-            ]
-        )
-        return self._in_order(picks, found, positions)
-
-    def _in_order(self, picks, found, positions):
-        """Per-worker results for ``picks`` (arrays, in the order of each worker's
-        picks) put back in the order of ``positions``."""
-        part = np.searchsorted(self.offsets, positions, side="right") - 1
-        slots = np.argsort(part, kind="stable")  # partition by partition, as picked
-        by_part = {k: i for i, k in enumerate(sorted(int(k) for k in np.unique(part)))}
-        chunks = {}
-        for a, values in zip(sorted(picks), found):
-            start = 0
-            for k, idx in picks[a].items():
-                chunks[k] = [v[start : start + len(idx)] for v in values]
-                start += len(idx)
-        ordered = [
-            np.concatenate([chunks[k][j] for k in sorted(by_part)]) for j in range(len(found[0]))
-        ]
-        out = []
-        for values in ordered:
-            result = np.empty_like(values)
-            result[slots] = values
-            out.append(result)
-        return out
+        return self._by_rows(positions, _targets_of)
 
     def predict_rows(self, engine, positions):
         """The model's output at ``engine``'s weights on the rows ``positions``."""
-        weights = engine.get_weights()
         stage = self.epochs["stage"]
-        payload = self.payloads[stage][1]
-        picks = self._picks(positions)
+        payload = (self.payloads[stage][1], self.fit_id, stage, engine.get_weights())
+        return self._by_rows(positions, _predict_rows, *payload)[0]
+
+    def _by_rows(self, positions, function, *args):
+        """``function(*args, picks, *partitions)`` on each worker holding some of the
+        rows ``positions``: its arrays, put back in the order of ``positions``."""
+        picks, slots = self._picks(positions, slots=True)
+        addresses = sorted(picks)
         found = self.client.gather(
             [
                 self.client.submit(
-                    _predict_rows,
-                    payload,
-                    self.fit_id,
-                    stage,
-                    weights,
+                    function,
+                    *args,
                     picks[a],
                     *[self.parts[k] for k in picks[a]],
                     workers=[a],
                     pure=False,
                 )
-                for a in sorted(picks)
+                for a in addresses
             ]
         )
-        return self._in_order(picks, [(f,) for f in found], positions)[0]
+        out = []
+        for j, first in enumerate(found[0]):
+            result = np.empty((len(positions), *first.shape[1:]), dtype=first.dtype)
+            for a, values in zip(addresses, found):
+                result[slots[a]] = values[j]
+            out.append(result)
+        return out
 
     def batches(self, order):
         """The batches of an epoch in ``order`` (``_loops._batches``)."""
@@ -808,15 +788,21 @@ class DaskRows:
                     raise _WorkersLost(gone) from None
                 raise
 
-    def _picks(self, rows):
-        """``{worker: {partition position: its row numbers}}`` of the fit's rows ``rows``."""
+    def _picks(self, rows, slots=False):
+        """``{worker: {partition position: its row numbers}}`` of the fit's rows ``rows``;
+        with ``slots``, also ``{worker: the positions in rows of what it returns}`` (its
+        rows partition by partition, as :func:`_take` gathers them)."""
         part = np.searchsorted(self.offsets, rows, side="right") - 1
         local = rows - self.offsets[part]
         where = {k: a for a, ks in self.placement.items() for k in ks}
-        picks = {}
+        picks, places = {}, {}
         for k in np.unique(part):
-            picks.setdefault(where[int(k)], {})[int(k)] = local[part == k]
-        return picks
+            mine = np.flatnonzero(part == k)
+            picks.setdefault(where[int(k)], {})[int(k)] = local[mine]
+            places.setdefault(where[int(k)], []).append(mine)
+        if not slots:
+            return picks
+        return picks, {a: np.concatenate(places[a]) for a in picks}
 
     def _lost_parts(self, addresses):
         return sorted(self.index[k] for a in addresses for k in self.placement.get(a, ()))
@@ -1238,19 +1224,25 @@ def _label_codes(part):
     return part.y.argmax(axis=1).astype(np.int8 if part.y.shape[1] <= 127 else np.int64)
 
 
+def _take(parts, picks):
+    """X (dense), the targets and the weights of the rows ``picks`` (``{partition:
+    row numbers}``, in the order of ``parts``), partition by partition."""
+    taken = [(_rows(p.X, i), p.y[i], p.sw[i]) for p, i in zip(parts, picks.values())]
+    return tuple(np.concatenate(a) if len(taken) > 1 else a[0] for a in zip(*taken))
+
+
 def _targets_of(picks, *parts):
-    """The targets and weights of the rows ``picks`` of ``parts``, partition by partition."""
+    """The targets and weights of the rows ``picks`` of ``parts``, partition by partition
+    (X is not read)."""
     ys = [p.y[i] for p, i in zip(parts, picks.values())]
-    ws = [p.sw[i] for p, i in zip(parts, picks.values())]
-    return np.concatenate(ys), np.concatenate(ws)
+    return np.concatenate(ys), np.concatenate([p.sw[i] for p, i in zip(parts, picks.values())])
 
 
 def _predict_rows(payload, fit_id, stage, weights, picks, *parts):
     """The model's output on the rows ``picks`` of ``parts``, partition by partition."""
     engine = _engine(payload, fit_id, stage)
     engine.set_weights(weights)
-    X = np.concatenate([_rows(p.X, i) for p, i in zip(parts, picks.values())])
-    return engine.predict(X)
+    return (engine.predict(_take(parts, picks)[0]),)
 
 
 def _same(part):
@@ -1352,8 +1344,7 @@ def _batch_sums(payload, fit_id, stage, weights, picks, size, ones, *parts):
     zero to a multiple of an eighth of the batch ``size``: a standard-backend engine
     then makes few graphs (one per number of rows)."""
     engine = _engine(payload, fit_id, stage)
-    taken = [(_rows(p.X, i), p.y[i], p.sw[i]) for p, i in zip(parts, picks.values())]
-    X, y, sw = (np.concatenate(a) if len(taken) > 1 else a[0] for a in zip(*taken))
+    X, y, sw = _take(parts, picks)
     if ones:
         sw = np.ones_like(sw)
     weight = float(np.sum(sw, dtype=np.float64))
@@ -1415,16 +1406,12 @@ def _local_steps(payload, fit_id, stage, share, sent, step, learning_rate, plan,
     sizes = np.cumsum([0] + [p.X.shape[0] for p in parts])
     trained, total = 0, 0.0
     for s in range(first, last):
-        rows = np.sort(order[bounds[s] : bounds[s + 1]])  # taken partition by partition
-        which = np.searchsorted(sizes, rows, side="right") - 1
-        taken = [
-            (_rows(p.X, r), p.y[r], p.sw[r])
-            for k, p in enumerate(parts)
-            if len(r := rows[which == k] - sizes[k])
-        ]
-        if not taken:
+        rows = order[bounds[s] : bounds[s + 1]]
+        if not len(rows):
             continue
-        X, y, sw = (np.ascontiguousarray(np.concatenate(a)) for a in zip(*taken))
+        which = np.searchsorted(sizes, rows, side="right") - 1
+        held = np.unique(which)
+        X, y, sw = _take([parts[k] for k in held], {k: rows[which == k] - sizes[k] for k in held})
         if not np.any(sw):
             continue
         loss = engine.train_batch(X, y, sw, learning_rate)

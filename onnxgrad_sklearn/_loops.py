@@ -45,15 +45,13 @@ class TrainingLoops:
     they read and record the estimator's parameters and fitted attributes)."""
 
     def _batch_size(self, n_samples):
-        if self.batch_size == "auto":
-            return min(200, n_samples)
-        if self.batch_size > n_samples:
+        if self.batch_size != "auto" and self.batch_size > n_samples:
             warnings.warn(
                 "Got `batch_size` less than 1 or larger than sample size. It is going "
                 "to be clipped",
                 stacklevel=4,
             )
-        return int(np.clip(self.batch_size, 1, n_samples))
+        return batch_rows(self.batch_size, n_samples)
 
     def _run_epochs(
         self, engine: TrainingEngine, X, y2d, sample_weight, incremental, given=None, task=NO_TASK
@@ -592,6 +590,14 @@ def _by_chunks(function, X):
     rows = max(1, _CHUNK_VALUES // max(X.shape[1], 1))
     parts = [function(_rows(X, chunk)) for chunk in _slices(X.shape[0], rows)]
     return np.concatenate(parts, axis=0)
+
+
+def batch_rows(batch_size, n_samples) -> int:
+    """The rows of a batch: ``batch_size`` clipped to ``[1, n_samples]``, ``"auto"``
+    ``min(200, n_samples)`` (MLPRegressor's rule)."""
+    if batch_size == "auto":
+        return min(200, n_samples)
+    return int(np.clip(batch_size, 1, n_samples))
 
 
 def _slices(n, size):
