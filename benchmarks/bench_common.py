@@ -20,6 +20,7 @@ THREADS = 2
 SEED = 0
 RESULT_MARK = "BENCH_RESULT "
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
 
 
 def rss_mb() -> float:
@@ -109,20 +110,42 @@ class EpochClock(logging.Handler):
 
 
 @contextlib.contextmanager
-def epoch_clock():
-    """Give an :class:`EpochClock` on the package's logger (INFO, not propagated) meanwhile."""
+def package_log(handler: logging.Handler, level: int):
+    """``handler`` on the package's logger at ``level`` (not propagated) meanwhile."""
     logger = logging.getLogger("onnxgrad_sklearn")
-    clock = EpochClock()
     saved = logger.level, logger.propagate
-    logger.addHandler(clock)
-    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    logger.setLevel(level)
     logger.propagate = False
     try:
-        yield clock
+        yield handler
     finally:
-        logger.removeHandler(clock)
+        logger.removeHandler(handler)
         logger.setLevel(saved[0])
         logger.propagate = saved[1]
+
+
+def epoch_clock():
+    """Give an :class:`EpochClock` on the package's logger (INFO, not propagated) meanwhile."""
+    return package_log(EpochClock(), logging.INFO)
+
+
+def git_state(*paths: str) -> dict:
+    """The repository's commit and whether ``paths`` (all: the whole tree) have
+    uncommitted changes (read only)."""
+    import subprocess
+
+    def git(*args):
+        try:
+            proc = subprocess.run(
+                ["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return proc.stdout.strip() if proc.returncode == 0 else None
+
+    status = git("status", "--short", "--", *paths)
+    return {"commit": git("rev-parse", "--short", "HEAD"), "uncommitted_changes": bool(status)}
 
 
 @contextlib.contextmanager

@@ -61,7 +61,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_common import HERE, RESULT_MARK, THREADS, fmt, load_average  # noqa: E402
+from bench_common import HERE, RESULT_MARK, THREADS, fmt, git_state, load_average  # noqa: E402
 from bench_driver import (  # noqa: E402
     snapshot_library,
     uptime,
@@ -406,22 +406,6 @@ def library_hash(folder: str | None) -> str | None:
                 with open(path, "rb") as f:
                     digest.update(f.read())
     return digest.hexdigest()[:12]
-
-
-def git_state() -> dict:
-    """The repository's commit and whether it has uncommitted changes (read only)."""
-
-    def git(*args):
-        try:
-            proc = subprocess.run(
-                ["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30
-            )
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return proc.stdout.strip() if proc.returncode == 0 else None
-
-    status = git("status", "--short")
-    return {"commit": git("rev-parse", "--short", "HEAD"), "uncommitted_changes": bool(status)}
 
 
 def interpreter_label(info: dict) -> str:

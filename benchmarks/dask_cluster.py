@@ -100,6 +100,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYT
 # workers: dask reads its configuration from the environment when first imported
 os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
 
+from bench_common import cpu_ticks, git_state, package_log  # noqa: E402
+
 #: Threads of the one-process fits (the estimator's ``n_jobs``), and of the cluster.
 THREADS = 2
 N_WORKERS, WORKER_THREADS = 2, 1
@@ -210,16 +212,6 @@ class RssSampler:
         self._thread.join()
         self.peak = max(self.peak, rss_bytes())
         return False
-
-
-def cpu_ticks() -> tuple[int, int] | None:
-    """(busy, total) clock ticks of all CPUs from /proc/stat."""
-    try:
-        with open("/proc/stat") as f:
-            values = [int(v) for v in f.readline().split()[1:9]]
-    except (OSError, ValueError):
-        return None
-    return sum(values) - values[3] - values[4], sum(values)
 
 
 def family_cpu_s() -> float:
@@ -369,24 +361,15 @@ class RoundLog(logging.Handler):
         self.rounds = []
 
     def emit(self, record):
-        if str(record.msg).startswith("dask round"):
+        # the L-BFGS rounds' records (a local-SGD round's record has other fields)
+        if str(record.msg).startswith("dask round") and len(record.args) == 4:
             _, tasks, chunks, seconds = record.args
             self.rounds.append((int(tasks), int(chunks), float(seconds)))
 
 
-@contextlib.contextmanager
 def round_log():
-    logger = logging.getLogger("onnxgrad_sklearn")
-    handler, saved = RoundLog(), (logger.level, logger.propagate)
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
-    logger.propagate = False
-    try:
-        yield handler
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(saved[0])
-        logger.propagate = saved[1]
+    """A :class:`RoundLog` on the package's logger (DEBUG, not propagated) meanwhile."""
+    return package_log(RoundLog(), logging.DEBUG)
 
 
 # ---------------------------------------------------------------------------
@@ -1101,20 +1084,6 @@ def version(dist):
         return None
 
 
-def git_state() -> dict:
-    def git(*args):
-        try:
-            proc = subprocess.run(
-                ["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30
-            )
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return proc.stdout.strip() if proc.returncode == 0 else None
-
-    status = git("status", "--short", "--", "onnxgrad_sklearn")
-    return {"commit": git("rev-parse", "--short", "HEAD"), "uncommitted_changes": bool(status)}
-
-
 def run(parts: list[str], quick: bool, repeats: int | None, max_wait: float | None) -> dict:
     import onnxgrad_sklearn
 
@@ -1124,7 +1093,7 @@ def run(parts: list[str], quick: bool, repeats: int | None, max_wait: float | No
     sizes["max_wait"] = max_wait if max_wait is not None else (0.0 if quick else 30.0)
     meta = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        **git_state(),
+        **git_state("onnxgrad_sklearn"),
         "mode": "quick" if quick else "full",
         "parts": parts,
         "sizes": sizes,
