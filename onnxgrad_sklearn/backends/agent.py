@@ -38,6 +38,7 @@ from ..runtime import (
     device_to_providers,
     options_key,
     ort_device,
+    ortvalue_list,
     release_model_bytes,
     run_with_ortvalues,
     session_providers,
@@ -180,7 +181,7 @@ class TrainingAgent:
             )
         fetches = OrtValueVector()
         self._agent.run_forward(_vector(feeds), fetches, state, _C.OrtValueCache())
-        return list(fetches)
+        return ortvalue_list(fetches)
 
     def run_backward(self, grad_outputs: Sequence[OrtValue], state) -> list[OrtValue]:
         """Resume the graph after the ``YieldOp`` and return the gradients.
@@ -200,7 +201,7 @@ class TrainingAgent:
         """
         fetches = OrtValueVector()
         self._agent.run_backward(_vector(grad_outputs), fetches, state)
-        return list(fetches)
+        return ortvalue_list(fetches)
 
 
 class OrtGradientForwardBackward:
