@@ -1231,6 +1231,21 @@ def _take(parts, picks):
     return tuple(np.concatenate(a) if len(taken) > 1 else a[0] for a in zip(*taken))
 
 
+def _in_order(parts, rows):
+    """X (dense), the targets and the weights of ``rows`` (numbers in ``parts`` end to
+    end), in that order."""
+    sizes = np.cumsum([0] + [p.X.shape[0] for p in parts])
+    which = np.searchsorted(sizes, rows, side="right") - 1
+    first = parts[0]
+    out = [np.empty((len(rows), *a.shape[1:]), dtype=a.dtype) for a in (first.X, first.y, first.sw)]
+    for k in np.unique(which):
+        mine = np.flatnonzero(which == k)
+        local = rows[mine] - sizes[k]
+        for o, taken in zip(out, (_rows(parts[k].X, local), parts[k].y[local], parts[k].sw[local])):
+            o[mine] = taken
+    return tuple(out)
+
+
 def _targets_of(picks, *parts):
     """The targets and weights of the rows ``picks`` of ``parts``, partition by partition
     (X is not read)."""
@@ -1403,16 +1418,14 @@ def _local_steps(payload, fit_id, stage, share, sent, step, learning_rate, plan,
     engine.set_state(state)
     order = _local_order(fit_id, parts, seed)
     bounds = np.round(np.linspace(0, len(order), n_steps + 1)).astype(np.int64)
-    sizes = np.cumsum([0] + [p.X.shape[0] for p in parts])
+    # the round's rows, gathered at once in the epoch's order: each step a slice
+    start = bounds[first]
+    X_all, y_all, sw_all = _in_order(parts, order[start : bounds[last]])
     trained, total = 0, 0.0
     for s in range(first, last):
-        rows = order[bounds[s] : bounds[s + 1]]
-        if not len(rows):
-            continue
-        which = np.searchsorted(sizes, rows, side="right") - 1
-        held = np.unique(which)
-        X, y, sw = _take([parts[k] for k in held], {k: rows[which == k] - sizes[k] for k in held})
-        if not np.any(sw):
+        batch = slice(bounds[s] - start, bounds[s + 1] - start)
+        X, y, sw = X_all[batch], y_all[batch], sw_all[batch]
+        if not len(sw) or not np.any(sw):
             continue
         loss = engine.train_batch(X, y, sw, learning_rate)
         if not np.isfinite(loss):
