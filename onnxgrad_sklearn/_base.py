@@ -67,6 +67,22 @@ from .templates import (
 # imported on first use (``import onnxgrad_sklearn`` does not import onnx)
 onnx = lazy("onnx")
 
+
+class _Deferred:
+    """The exported model of a fit, made when first needed (``BaseOrtGradient._export``)."""
+
+    def __repr__(self):
+        return "DEFERRED"
+
+    def __reduce__(self):  # pickled as the module's one instance
+        return "DEFERRED"
+
+
+#: The exported model made when first needed: a fit that needs onnx or skl2onnx to
+#: make it (``BaseOrtGradient._export``) leaves it to ``to_onnx`` or to a prediction
+#: from the exported graph.
+DEFERRED = _Deferred()
+
 logger = logging.getLogger("onnxgrad_sklearn")
 
 
@@ -218,7 +234,7 @@ class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
     def _score_validation(self, X, y, sample_weight, prediction):
         raise NotImplementedError
 
-    def _export(self):
+    def _export(self, now=False):
         """What ``to_onnx`` returns and ``predict`` runs, set after each fit.
 
         The trained graph itself, or for a template trained through another view
@@ -226,31 +242,47 @@ class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
         template (an artifact, :func:`~onnxgrad_sklearn.templates.convert_template`),
         then given the trained weights. Either is a :class:`ConvertedTemplate`
         holding them, whose ONNX model is made when first asked for (its session
-        needs none: :meth:`ConvertedTemplate.session`). A graph whose weights cannot
-        be located (binary LogisticRegression stores [-w, w], LinearSVC keeps them
-        in node attributes) is converted at each export, and after a fit on raw
-        DataFrame columns the final model's graph gets the head's graph joined in
-        front of it (one input per column): an ONNX model, made here.
+        needs none: :meth:`ConvertedTemplate.session`).
+
+        A graph whose weights cannot be located (binary LogisticRegression and
+        LinearSVC keep them in node attributes) is converted by skl2onnx with the
+        trained weights, and after a fit on raw DataFrame columns the final model's
+        graph gets the head's graph joined in front of it (one input per column):
+        ONNX models, made with onnx. Unless ``now``, those are :data:`DEFERRED`,
+        made by the first use that needs them (:meth:`_export_now`: ``to_onnx``, a
+        prediction from the exported graph); a classifier's predictions come from
+        the trained graph, so that a fit and its predictions import neither onnx
+        nor skl2onnx.
         """
         est = self._exported_estimator()
         if trained_view(est) is est:
-            return self._with_head(self._converted)
+            return self._with_head(self._converted, now)
         located = self.__dict__.get("_export_converted")
         if located is None:
             try:
                 located = convert_template(est, self._export_inputs(), self._converted.dtype)
             except ValueError:
+                if not now:
+                    return DEFERRED
                 model = export_model(est, self._export_inputs(), self._converted.dtype)
                 return join_head(self, model)
             self._export_converted = located
         values = located.values_from(final_estimator(est))
-        return self._with_head(dataclasses.replace(located, values=values))
+        return self._with_head(dataclasses.replace(located, values=values), now)
 
-    def _with_head(self, converted):
-        """``converted``, or after a fit on raw columns its model with the head joined."""
+    def _with_head(self, converted, now=False):
+        """``converted``, or after a fit on raw columns its model with the head joined
+        (:data:`DEFERRED` unless ``now``)."""
         if "_raw_columns" in self.__dict__:
-            return join_head(self, converted.model)
+            return join_head(self, converted.model) if now else DEFERRED
         return converted
+
+    def _export_now(self):
+        """The exported model, made now if it was :data:`DEFERRED`."""
+        export = self._export_model
+        if export is DEFERRED:
+            export = self._export_model = self._export(now=True)
+        return export
 
     def _exported_estimator(self):
         """What skl2onnx converts: ``estimator_``, or after a fit on raw DataFrame
@@ -277,7 +309,7 @@ class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
         state.pop("_logit_session", None)
         if engine is not None:
             state["_optimizer_state"] = engine.get_state()
-        if state.get("_export_model") is not None and not isinstance(
+        if state.get("_export_model") not in (None, DEFERRED) and not isinstance(
             state["_export_model"], ConvertedTemplate
         ):
             state["_export_model"] = state["_export_model"].SerializeToString()
@@ -811,17 +843,32 @@ class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
                     self._exported_estimator(), self._export_inputs(), np.dtype(dtype)
                 )
                 return join_head(self, model, np.dtype(dtype))
-        export = self._export_model
+        export = self._export_now()
         model = onnx.ModelProto()
         model.CopyFrom(export.model if isinstance(export, ConvertedTemplate) else export)
         return model
 
     def _make_sessions(self):
-        """Create the inference sessions of the exported model and of the trained graph.
+        """Create the inference sessions of the trained graph and of the exported model.
 
         Made once after each fit (and after unpickling), so that predicting
-        never changes the estimator.
+        never changes the estimator; a :data:`DEFERRED` export's when it is made
+        (:meth:`_export_session`).
         """
+        # The previous fit's sessions go first: each holds a copy of the weights.
+        self._session = self._logit_session = None
+        self._logit_session = self._new_session(self._converted)
+        export = self._export_model
+        if export is self._converted:
+            self._session = self._logit_session
+        elif export is not DEFERRED:
+            self._session = self._new_session(export)
+
+    def _new_session(self, model):
+        """An inference session of ``model`` (a :class:`ConvertedTemplate`: its
+        skeleton's bytes, the weights given as initializers; or an ONNX model) on the
+        estimator's device, with the threads of where it is made (a worker after
+        unpickling)."""
         try:
             device_to_providers(self.device)
             # the device index and TF32 (off unless set_config(allow_tf32=True)), as training
@@ -834,34 +881,29 @@ class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
                 f"here ({exc}): it predicts on the CPU. Set device='cpu' before "
                 "continuing its training here.",
                 UserWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
             providers, provider_options = ["CPUExecutionProvider"], [{}]
-        # the threads of where the sessions are made (a worker after unpickling)
-        threads = intra_op_threads(getattr(self, "n_jobs", None))
-
-        def session(model):
-            # a ConvertedTemplate: its skeleton's bytes, the weights given as initializers
-            options = session_options(threads)  # one each: add_initializer changes them
-            if isinstance(model, ConvertedTemplate):
-                return model.session(options, providers, provider_options)
-            return make_session(
-                model.SerializeToString(), options, providers, provider_options, strict=False
-            )
-
-        # The previous fit's sessions go first: each holds a copy of the weights.
-        self._session = self._logit_session = None
-        self._session = session(self._export_model)
-        self._logit_session = (
-            self._session if self._export_model is self._converted else session(self._converted)
+        options = session_options(intra_op_threads(getattr(self, "n_jobs", None)))
+        if isinstance(model, ConvertedTemplate):  # options of its own: it adds initializers
+            return model.session(options, providers, provider_options)
+        return make_session(
+            model.SerializeToString(), options, providers, provider_options, strict=False
         )
+
+    def _export_session(self):
+        """The session of the exported model (the model made now if it was deferred)."""
+        session = self.__dict__.get("_session")
+        if session is None:
+            session = self._session = self._new_session(self._export_now())
+        return session
 
     def _run_onnx(self, X, trained_graph=False):
         """Run the exported model (or the trained graph) on X; return its outputs by name."""
         if "_converted" not in self.__dict__:
             check_is_fitted(self)  # not fitted: scikit-learn's error
         self._check_weights_stored("predict")
-        if self.__dict__.get("_session") is None:  # a fit that stopped while storing
+        if self.__dict__.get("_logit_session") is None:  # a fit that stopped while storing
             self._make_sessions()
         if "_raw_columns" in self.__dict__:  # fitted on a DataFrame's raw columns
             return run_raw(self, X, trained_graph)
@@ -869,7 +911,7 @@ class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
             self, X, reset=False, accept_sparse=["csr", "csc"], dtype=[np.float32, np.float64]
         )
         X = _as_rows(X, self._converted.dtype)  # the graph's input type
-        session = self._logit_session if trained_graph else self._session
+        session = self._logit_session if trained_graph else self._export_session()
         feed, names = _io_names(session)
         if not sp.issparse(X):
             return dict(zip(names, session.run(None, {feed: X})))

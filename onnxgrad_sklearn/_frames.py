@@ -277,7 +277,7 @@ def run_raw(est, X, trained_graph: bool) -> dict:
     check_raw_frame(est, X)
     dtype = est._converted.dtype
     if not trained_graph:
-        session = est._session
+        session = est._export_session()
         inputs = [i.name for i in session.get_inputs()]
         names = [o.name for o in session.get_outputs()]
         feed = column_feed(X, est._raw_columns, inputs, dtype)

@@ -528,6 +528,8 @@ def convert_template(est, n_features: int, dtype=np.float32) -> ConvertedTemplat
     key = artifacts.stable_key("converted", _structure(est, final, params, n_features, dtype))
     cached = artifacts.get(key)
     if cached is not None:
+        if "not_located" in cached.meta:  # found before: skl2onnx is not run again
+            raise ValueError(cached.meta["not_located"])
         converted = _from_artifact(cached, params, final, key)
         if converted is not None:
             return converted
@@ -539,6 +541,9 @@ def convert_template(est, n_features: int, dtype=np.float32) -> ConvertedTemplat
             converted = _convert_with_markers(est, final, params, values, shapes, n_features, dtype)
         except _LayoutError:
             continue
+        except _NotLocated as exc:
+            artifacts.put(key, artifacts.Artifact({}, {"not_located": str(exc)}))
+            raise
         converted.key = key
         artifacts.put(key, _to_artifact(converted))
         return converted
@@ -620,6 +625,11 @@ class _LayoutError(Exception):
     """The real shape of an initializer cannot be told from the small markers."""
 
 
+class _NotLocated(ValueError):
+    """A parameter is not held by exactly one initializer of the converted graph (a
+    binary linear classifier's coefficients are node attributes, for example)."""
+
+
 def _copy_sharing_arrays(est):
     """A deep copy of ``est`` that shares its numpy arrays instead of copying them.
 
@@ -671,7 +681,7 @@ def _convert_with_markers(est, final, params, values, shapes, n_features, dtype=
             if _match(numpy_helper.to_array(init), marker)
         ]
         if len(found) != 1:
-            raise ValueError(
+            raise _NotLocated(
                 f"could not locate {type(final).__name__}.{ref.label} in the ONNX graph "
                 f"skl2onnx produced ({len(found)} candidates); this model cannot be trained."
             )

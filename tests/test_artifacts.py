@@ -223,3 +223,65 @@ def test_a_json_and_onnx_entry_never_pickles(tmp_path):
         for part in header["parts"]:  # every blob is an ONNX model
             onnx.load_from_string(data[offset : offset + part["size"]])
             offset += part["size"]
+
+
+# a binary linear classifier: skl2onnx keeps its weights in node attributes, so that its
+# export cannot be given the trained weights as initializers; it is made when asked for
+FIT_BINARY = """
+import json, pickle, sys, warnings
+import numpy as np
+from sklearn.datasets import load_breast_cancer
+from sklearn.linear_model import LogisticRegression
+from sklearn.preprocessing import scale
+from sklearn.svm import LinearSVC
+from onnxgrad_sklearn import OrtGradientClassifier
+warnings.simplefilter("ignore")
+X, y = load_breast_cancer(return_X_y=True)
+X = scale(X)
+out, fitted = {{}}, {{}}
+for template in (LogisticRegression(), LinearSVC()):
+    clf = OrtGradientClassifier(template, backend={backend!r}).fit(X, y)
+    name = type(template).__name__
+    fitted[name] = clf
+    out[name] = {{
+        "coef": clf.estimator_.coef_.ravel().tolist(),
+        "decision": clf.decision_function(X).tolist(),
+        "pred": clf.predict(X).tolist(),
+        "proba": clf.predict_proba(X).tolist() if name == "LogisticRegression" else None,
+    }}
+out["modules"] = sorted(m for m in ("onnx", "skl2onnx", "onnx_ad") if m in sys.modules)
+import onnxruntime
+for name, clf in fitted.items():
+    copy = pickle.loads(pickle.dumps(clf))  # the deferred export pickles as such
+    model = copy.to_onnx()  # made now, with skl2onnx
+    session = onnxruntime.InferenceSession(model.SerializeToString())
+    label = session.run(None, {{session.get_inputs()[0].name: X.astype(np.float32)}})[0]
+    out["onnx_pred_" + name] = label.tolist()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_binary_linear_classifier_fits_and_predicts_without_skl2onnx(tmp_path, backend):
+    def run(cache):
+        out = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(FIT_BINARY.format(backend=backend))],
+            capture_output=True,
+            text=True,
+            env=_env(cache),
+            check=False,
+        )
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    cache = tmp_path / "cache"
+    built, loaded = run(cache), run(cache)
+    assert "skl2onnx" in built["modules"]
+    # from the disk: the fits and their predictions import none of them (the exports,
+    # made by to_onnx after the modules were listed, do)
+    assert loaded["modules"] == []
+    assert any(n.startswith("converted-") for n in _entries(cache))
+    for name in ("LogisticRegression", "LinearSVC"):
+        assert loaded[name] == built[name]  # bit for bit
+        # the export made later predicts what the estimator predicts
+        assert loaded["onnx_pred_" + name] == loaded[name]["pred"]
