@@ -3,11 +3,9 @@
 ``fit`` given dask arrays, DataFrames or Series (``_base._fit`` sends them here):
 
 - Without a ``distributed`` client, or for what this version trains in one process
-  (local SGD with early stopping's held-out split,
-  a loss whose rows mix, non-numeric columns without a ColumnTransformer head), the
-  collections
-  are computed into memory and the fit runs as it does on NumPy or pandas data, which
-  an INFO log says.
+  (a loss whose rows mix, non-numeric columns without a ColumnTransformer head), the
+  collections are computed into memory and the fit runs as it does on NumPy or pandas
+  data, which an INFO log says.
 - Otherwise :class:`DaskRows` keeps each partition of X on the worker that holds it,
   with its blocks of y and of the sample weights moved there, checked and in the
   training dtype, and takes the place of X in the shared fit (``_base._fit``). Each
@@ -76,8 +74,7 @@ class DaskWorkerLostError(RuntimeError):
 def fit_dask(est, X, y, sample_weight, incremental, classes, validation):
     """``est._fit`` on dask collections: on the workers, or computed into memory here."""
     client = _get_client()
-    given_validation = validation is not None and validation[0] is not None
-    reason = _why_local(est, client, X, y, incremental, given_validation)
+    reason = _why_local(est, client, X, y, incremental)
     if reason is not None:
         logger.info(
             "%s.fit received dask collections and %s: they are computed into memory and "
@@ -159,7 +156,7 @@ def _optimizer(est, incremental=False):
     return est._solver(final_estimator(template), incremental)
 
 
-def _why_local(est, client, X, y, incremental, given_validation=False):
+def _why_local(est, client, X, y, incremental):
     """Why these collections are trained in this process (None: on the workers)."""
     from dask.base import is_dask_collection
 
@@ -171,17 +168,8 @@ def _why_local(est, client, X, y, incremental, given_validation=False):
     if not is_dask_collection(X):
         return "X is in memory"
     optimizer = _optimizer(est, incremental)  # partial_fit refuses L-BFGS here
-    if not optimizer.full_batch:
-        from ._callbacks import holds_out_validation
-
-        held_out = not given_validation and (est.early_stopping or holds_out_validation(est))
-        if held_out and est.sync_every > 1:
-            return (
-                "local SGD (sync_every > 1) with early stopping's held-out split (give the "
-                "validation set as X_val and y_val, or use sync_every=1)"
-            )
-        if not getattr(est.loss, "rowwise", True):
-            return f"the loss {type(est.loss).__name__} mixes the rows of a batch"
+    if not optimizer.full_batch and not getattr(est.loss, "rowwise", True):
+        return f"the loss {type(est.loss).__name__} mixes the rows of a batch"
     from ._frames import needs_raw_columns
 
     template = est._template()
@@ -313,7 +301,9 @@ class DaskRows:
         self.parts = []  # futures of the partitions (_Part), in order
         self.index = []  # each one's partition number in X
         self.placement = {}  # worker address -> positions in self.parts
-        self.payloads = {}  # stage -> [bytes, future]: what the workers build engines from
+        # key -> [value, future]: what each worker receives once per fit (the bytes it
+        # builds an engine from, a stage; local SGD's held-out rows)
+        self.payloads = {}
         self.rounds = 0
         self.tasks = Counter()  # worker address -> tasks run
         self.offsets = np.zeros(1, dtype=np.int64)
@@ -625,7 +615,7 @@ class DaskRows:
                 "or the size of your dataset."
             )
         y_val, sw_val = self._gather_rows(held)
-        X = _TrainingRows(self, train)
+        X = _TrainingRows(self, train, held)
         arrays = (X, _RowsView(self, (len(train), y_val.shape[1]), self.dtype), None)
         return arrays, (_HeldOut(self, held), y_val, sw_val), held
 
@@ -678,8 +668,10 @@ class DaskRows:
             return _LocalBatches(self, order)
         return _DaskBatches(self, order)
 
-    def register(self, payload: bytes):
-        """Send what a worker builds an engine from, once per worker; return its stage."""
+    def register(self, payload):
+        """Send ``payload`` (what a worker builds an engine from, or other data each
+        worker needs during the fit) once to every worker; return its key (an engine's
+        stage)."""
         stage = len(self.payloads)
         self.payloads[stage] = [payload, self._scatter(payload)]
         return stage
@@ -838,7 +830,7 @@ class DaskRows:
                 break
             time.sleep(0.2)
         self._place(holders, alive)
-        for entry in self.payloads.values():  # the engines' bytes, where they are needed
+        for entry in self.payloads.values():  # what the workers were sent, where it is needed
             entry[1] = self._scatter(entry[0])
         logger.info("partitions %s are back: the evaluation is repeated.", lost)
 
@@ -970,17 +962,37 @@ class _DaskBatches:
 
 
 class _TrainingRows:
-    """The rows early stopping's split leaves to train on (positions ``training``)."""
+    """The rows early stopping's split leaves to train on (positions ``training``, the
+    others, ``held``, being the validation rows).
+
+    ``sizes``: the training rows of each partition. For local SGD the held-out row
+    numbers of every partition are sent once to each worker (``dropped``: their key in
+    ``rows.payloads``), which leaves them out of its shuffles (:func:`_local_order`).
+    """
 
     _onnxgrad_rows = True
     ndim = 2
 
-    def __init__(self, rows, training):
+    def __init__(self, rows, training, held):
         self.rows, self.training = rows, training
         self.shape = (len(training), rows.shape[1])
         self.dtype = rows.dtype
+        held = np.sort(held)
+        cuts = np.searchsorted(held, rows.offsets)  # each partition's held-out rows
+        self.sizes = np.diff(rows.offsets) - np.diff(cuts)
+        self.dropped = None
+        if rows.epochs["sync_every"] > 1:
+            self.dropped = rows.register(
+                {
+                    rows.index[k]: (held[a:b] - rows.offsets[k]).astype(held.dtype)
+                    for k, (a, b) in enumerate(zip(cuts[:-1], cuts[1:]))
+                    if b > a
+                }
+            )
 
     def batches(self, order):
+        if self.rows.epochs["sync_every"] > 1:
+            return _LocalBatches(self.rows, order, self)
         return _DaskBatches(self.rows, order, self.training)
 
 
@@ -1012,11 +1024,20 @@ class _LocalBatches(_DaskBatches):
     of the fit in memory); the weights and the state are then averaged, weighted by
     the rows each worker trained on. The loss of an epoch is the row-weighted mean of
     the workers' batch losses.
+
+    With early stopping's held-out split (``training``: :class:`_TrainingRows`), each
+    worker shuffles and trains on its training rows only: the held-out rows of its
+    partitions, sent once per fit, are left out; ``S`` and the shares count the
+    training rows.
     """
 
-    def __init__(self, rows, order):
-        super().__init__(rows, order)
-        self.n_steps = -(-rows.shape[0] // rows.epochs["batch_size"])
+    def __init__(self, rows, order, training=None):
+        super().__init__(rows, order, None if training is None else training.training)
+        # the training rows of each partition, and the held-out ones' key (None: none)
+        self.sizes = np.diff(rows.offsets) if training is None else training.sizes
+        self.dropped = None if training is None else training.dropped
+        self.n_rows = int(self.sizes.sum())
+        self.n_steps = -(-self.n_rows // batch_rows(rows.epochs["batch_size"], self.n_rows))
         self.done = 0  # steps of the epoch made
         self.pending = 0  # steps asked for since the last round
         # the workers' shuffles: drawn from the epoch's order (None: no shuffle)
@@ -1025,11 +1046,11 @@ class _LocalBatches(_DaskBatches):
     def _tasks(self, first, last, step, learning_rate, payload, data):
         """``{worker: task}`` of the steps ``first`` to ``last`` (excluded)."""
         rows = self.rows
-        n = rows.shape[0]
+        dropped = None if self.dropped is None else rows.payloads[self.dropped][1]
         tasks = {}
         for a, ks in sorted(rows.placement.items()):
             keys = sorted(ks)
-            share = sum(int(rows.offsets[k + 1] - rows.offsets[k]) for k in keys) / n
+            share = sum(int(self.sizes[k]) for k in keys) / self.n_rows
             plan = (self.seed, self.n_steps, first, last)
             tasks[a] = (
                 _local_steps,
@@ -1041,6 +1062,7 @@ class _LocalBatches(_DaskBatches):
                 step,
                 learning_rate,
                 plan,
+                dropped,
                 *[rows.parts[k] for k in keys],
             )
         return tasks
@@ -1049,7 +1071,7 @@ class _LocalBatches(_DaskBatches):
         """Steps are run ``sync_every`` at a time, the last round of an epoch shorter:
         ``(None, 0)`` until a round is due, then its mean loss and rows."""
         self.pending += 1
-        if self.pending < self.rows.epochs["sync_every"] and batch.stop < self.rows.shape[0]:
+        if self.pending < self.rows.epochs["sync_every"] and batch.stop < self.n_rows:
             return None, 0
         first, last = self.done, self.done + self.pending
         self.done, self.pending = last, 0
@@ -1382,17 +1404,27 @@ def _batch_sums(payload, fit_id, stage, weights, picks, size, ones, *parts):
 _ORDERS: OrderedDict = OrderedDict()
 
 
-def _local_order(fit_id, parts, seed):
-    """The order of this worker's rows (its partitions end to end) in an epoch."""
+def _local_order(fit_id, parts, seed, dropped=None):
+    """The order of this worker's rows (its partitions end to end) in an epoch, less the
+    rows ``dropped`` (``{partition: row numbers}``, early stopping's held-out rows)."""
     key = (fit_id, tuple(p.index for p in parts), None if seed is None else tuple(seed))
     with _ENGINES_LOCK:
         order = _ORDERS.get(key)
     if order is None:
-        n = sum(p.X.shape[0] for p in parts)
+        sizes = [p.X.shape[0] for p in parts]
+        rows = np.arange(sum(sizes))
+        if dropped:
+            kept = np.ones(len(rows), dtype=bool)
+            for start, p in zip(np.cumsum([0, *sizes[:-1]]), parts):
+                if p.index in dropped:
+                    kept[start + dropped[p.index]] = False
+            rows = rows[kept]
         if seed is None:
-            order = np.arange(n)
+            order = rows
         else:  # the worker's own stream, from the epoch's and its first partition
-            order = np.random.default_rng([*seed, parts[0].index]).permutation(n)
+            order = np.random.default_rng([*seed, parts[0].index]).permutation(len(rows))
+            if dropped:
+                order = rows[order]
         with _ENGINES_LOCK:
             _ORDERS[key] = order
             while len(_ORDERS) > 2:  # this epoch's and the last one's
@@ -1400,12 +1432,12 @@ def _local_order(fit_id, parts, seed):
     return order
 
 
-def _local_steps(payload, fit_id, stage, share, sent, step, learning_rate, plan, *parts):
+def _local_steps(payload, fit_id, stage, share, sent, step, learning_rate, plan, dropped, *parts):
     """Train from the weights and optimizer state ``sent`` on this worker's batches
     ``first`` to ``last`` of the epoch (``plan``: the epoch's seed, its number of
-    batches, ``first``, ``last``); returns the rows trained on, the sum of the batch
-    losses times their rows, the weights and the state, or the first non-finite loss
-    (no more steps)."""
+    batches, ``first``, ``last``; ``dropped``: the rows that do not train, or None);
+    returns the rows trained on, the sum of the batch losses times their rows, the
+    weights and the state, or the first non-finite loss (no more steps)."""
     seed, n_steps, first, last = plan
     engine = _engine(payload, fit_id, stage, share)
     n_weights = len(engine.shapes)
@@ -1416,7 +1448,7 @@ def _local_steps(payload, fit_id, stage, share, sent, step, learning_rate, plan,
     state["state"] = [flat[i * n_state : (i + 1) * n_state] for i in range(n_weights)]
     state["step"] = step  # the fit's updates so far (Adam's bias correction reads it)
     engine.set_state(state)
-    order = _local_order(fit_id, parts, seed)
+    order = _local_order(fit_id, parts, seed, dropped)
     bounds = np.round(np.linspace(0, len(order), n_steps + 1)).astype(np.int64)
     # the round's rows, gathered at once in the epoch's order: each step a slice
     start = bounds[first]

@@ -591,18 +591,51 @@ def test_early_stopping_split_on_the_workers(client, kind):
     np.testing.assert_allclose(mlp_weights(got), mlp_weights(expected), rtol=1e-4, atol=1e-5)
 
 
-def test_local_sgd_with_a_held_out_split_trains_here(client, caplog):
-    X, y = binary_data(600, 4)
-    Xd, yd = da.from_array(X, chunks=200), da.from_array(y, chunks=200)
-    params = dict(optimizer="adam", max_iter=3, random_state=0, early_stopping=True, sync_every=4)
-    est = OrtGradientClassifier(LogisticRegression(), **params)
-    with caplog.at_level(logging.INFO, logger="onnxgrad_sklearn"), pytest.warns(Warning):
-        got = est.fit(Xd, yd)
-    assert "held-out split" in caplog.text and "computed into memory" in caplog.text
-    expected = OrtGradientClassifier(LogisticRegression(), **params)
-    with pytest.warns(Warning):
-        expected.fit(X, y)
-    np.testing.assert_array_equal(weights_of(got), weights_of(expected))
+def test_local_sgd_with_a_held_out_split_trains_on_the_workers(client, caplog, monkeypatch):
+    """sync_every=4 with early stopping's split: the rows a fit in memory holds out are
+    held out on the workers, scored there, and never trained on."""
+    X, y = diabetes()
+    params = dict(
+        optimizer="adam", max_iter=20, batch_size=32, learning_rate_init=0.003,
+        early_stopping=True, n_iter_no_change=100, random_state=0,
+    )  # fmt: skip
+    make = functools.partial(OrtGradientRegressor, MLPRegressor(hidden_layer_sizes=(32,)))
+    held = []  # the rows each fit holds out
+    original = OrtGradientRegressor._split_validation
+
+    def split(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        held.append(np.sort(out[2]))
+        return out
+
+    monkeypatch.setattr(OrtGradientRegressor, "_split_validation", split)
+    with pytest.warns(ConvergenceWarning):
+        expected = make(**params).fit(X, y)
+    # one placement of the partitions for both fits on the cluster
+    Xd = client.persist(da.from_array(X, chunks=150))
+    distributed.wait(Xd)
+    before = served(client)
+    with caplog.at_level(logging.INFO, logger="onnxgrad_sklearn"):
+        with pytest.warns(ConvergenceWarning):
+            got = make(sync_every=4, **params).fit(Xd, y)
+    after = served(client)
+    assert "computed into memory" not in caplog.text
+    assert all(after[a] > before.get(a, 0) for a in after), (before, after)
+    np.testing.assert_array_equal(held[1], held[0])  # the rows a fit in memory holds out
+    assert len(got.validation_scores_) == len(expected.validation_scores_) == 20
+    # the weights kept are those of the best epoch: on the held-out rows, its score
+    rows = held[1]
+    assert got.score(X[rows], y[rows]) == pytest.approx(got.best_validation_score_, abs=1e-5)
+    # local SGD is approximate (test_local_sgd_loss_and_score: R2 within 0.03)
+    assert got.best_validation_score_ == pytest.approx(expected.best_validation_score_, abs=0.03)
+    # no held-out row trains: with their targets changed, the same training losses
+    changed = y.copy()
+    changed[rows] += 50.0
+    with pytest.warns(ConvergenceWarning):
+        other = make(sync_every=4, **params).fit(Xd, changed)
+    np.testing.assert_array_equal(held[2], rows)
+    np.testing.assert_array_equal(other.loss_curve_, got.loss_curve_)
+    assert other.best_validation_score_ < -100  # scored on the changed targets
 
 
 def test_workers_of_another_version_are_refused(client, monkeypatch):
