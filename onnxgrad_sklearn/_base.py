@@ -388,7 +388,7 @@ class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
             X, y2d, sample_weight, fitted, loss, optimizer = self._validate_fit_input(
                 X, y, sample_weight, first_call, incremental, classes
             )
-            validation = self._validate_validation_data(validation, y2d, fitted, optimizer)
+            validation = self._validate_validation_data(validation, y2d, fitted, optimizer, X)
             if first_call:
                 self._initialize(X, y2d, fitted, loss)
             if first_call or not incremental or not hasattr(self, "_template_penalty"):
@@ -505,10 +505,12 @@ class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
                 f"with {self.n_outputs_}."
             )
 
-    def _validate_validation_data(self, validation, y2d, fitted, optimizer):
+    def _validate_validation_data(self, validation, y2d, fitted, optimizer, X=None):
         """Check ``(X_val, y_val, sample_weight_val)`` given to ``fit`` as the training
         data is checked (X_val through the template's head, y_val encoded as y);
-        return them in the training dtype, or None when none is given."""
+        return them in the training dtype, or None when none is given. A dask X_val of
+        a fit on a dask cluster (``X``: its training rows) stays on the workers, checked
+        and scored there (``_dask.DaskRows.validation_set``)."""
         if validation is None or all(v is None for v in validation):
             return None
         X_val, y_val, sw_val = validation
@@ -532,6 +534,8 @@ class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
                 "(solver='lbfgs')): use optimizer='adam' (or another stochastic one), or "
                 "fit without them."
             )
+        if _is_rows(X) and _dask_input(X_val):
+            return X.validation_set(self, X_val, y_val, sw_val, y2d.shape[1])
         X_val = validate_validation_data(self, X_val, y2d.dtype)
         y_val = np.ascontiguousarray(self._validation_targets(y_val, fitted), dtype=y2d.dtype)
         if y_val.shape[0] != X_val.shape[0] or y_val.shape[1] != y2d.shape[1]:

@@ -3,11 +3,9 @@
 ``fit`` given dask arrays, DataFrames or Series (``_base._fit`` sends them here):
 
 - Without a ``distributed`` client, or for what this version trains in one process
-  (local SGD with early stopping's held-out split,
-  a loss whose rows mix, non-numeric columns without a ColumnTransformer head), the
-  collections
-  are computed into memory and the fit runs as it does on NumPy or pandas data, which
-  an INFO log says.
+  (a loss whose rows mix, non-numeric columns without a ColumnTransformer head), the
+  collections are computed into memory and the fit runs as it does on NumPy or pandas
+  data, which an INFO log says.
 - Otherwise :class:`DaskRows` keeps each partition of X on the worker that holds it,
   with its blocks of y and of the sample weights moved there, checked and in the
   training dtype, and takes the place of X in the shared fit (``_base._fit``). Each
@@ -22,7 +20,16 @@
   :meth:`DaskRows.batches` (:class:`_DaskBatches`): each step's batch is the one the
   fit in memory draws; the workers holding its rows sum the loss and its gradients
   over them, the client adds the sums and the penalty and makes the update
-  (``TrainingEngine.apply_gradients``): one round per step.
+  (``TrainingEngine.apply_gradients``): one round per step. With ``sync_every > 1``
+  (local SGD, :class:`_LocalBatches`) each worker trains on its own rows, ``sync_every``
+  steps a round, and the weights are averaged.
+- Validation rows stay where they are: early stopping's held-out split is drawn as in
+  one process (:meth:`DaskRows.split`), and a validation set given as dask
+  collections is kept on the workers holding its blocks
+  (:meth:`DaskRows.validation_set`); at each epoch those workers predict its rows
+  with the fit's engines, and only the predictions come to the client, which scores
+  them as it scores a validation set in memory (:class:`_HeldOut`). An ``X_val`` in
+  memory is scored on the client (its ``y_val`` and weights computed into memory).
 
 ``predict``, ``predict_proba``, ``predict_log_proba``, ``decision_function`` and
 ``score`` on dask collections (``_base.dask_aware``) run on each block with the
@@ -76,8 +83,7 @@ class DaskWorkerLostError(RuntimeError):
 def fit_dask(est, X, y, sample_weight, incremental, classes, validation):
     """``est._fit`` on dask collections: on the workers, or computed into memory here."""
     client = _get_client()
-    given_validation = validation is not None and validation[0] is not None
-    reason = _why_local(est, client, X, y, incremental, given_validation)
+    reason = _why_local(est, client, X, y, incremental)
     if reason is not None:
         logger.info(
             "%s.fit received dask collections and %s: they are computed into memory and "
@@ -92,10 +98,13 @@ def fit_dask(est, X, y, sample_weight, incremental, classes, validation):
     if validation is not None and any(v is not None for v in validation):
         if _optimizer(est).full_batch:  # it takes no validation set: refused before any work
             est._validate_validation_data(validation, None, None, _optimizer(est))
-        if any(_lazy(v) for v in validation):  # scored here at each epoch
+        X_val = validation[0]
+        # a dask X_val is kept on the workers and scored there (DaskRows.validation_set);
+        # one in memory is scored here, its targets and weights computed into memory
+        if X_val is not None and not _lazy(X_val) and any(_lazy(v) for v in validation):
             logger.info(
-                "%s.fit: the validation set is computed into memory, and scored here at "
-                "each epoch.",
+                "%s.fit: X_val is in memory: y_val and sample_weight_val are computed into "
+                "memory, and the validation set is scored here at each epoch.",
                 type(est).__name__,
             )
             validation = _compute(client, *validation)
@@ -159,7 +168,7 @@ def _optimizer(est, incremental=False):
     return est._solver(final_estimator(template), incremental)
 
 
-def _why_local(est, client, X, y, incremental, given_validation=False):
+def _why_local(est, client, X, y, incremental):
     """Why these collections are trained in this process (None: on the workers)."""
     from dask.base import is_dask_collection
 
@@ -171,17 +180,8 @@ def _why_local(est, client, X, y, incremental, given_validation=False):
     if not is_dask_collection(X):
         return "X is in memory"
     optimizer = _optimizer(est, incremental)  # partial_fit refuses L-BFGS here
-    if not optimizer.full_batch:
-        from ._callbacks import holds_out_validation
-
-        held_out = not given_validation and (est.early_stopping or holds_out_validation(est))
-        if held_out and est.sync_every > 1:
-            return (
-                "local SGD (sync_every > 1) with early stopping's held-out split (give the "
-                "validation set as X_val and y_val, or use sync_every=1)"
-            )
-        if not getattr(est.loss, "rowwise", True):
-            return f"the loss {type(est.loss).__name__} mixes the rows of a batch"
+    if not optimizer.full_batch and not getattr(est.loss, "rowwise", True):
+        return f"the loss {type(est.loss).__name__} mixes the rows of a batch"
     from ._frames import needs_raw_columns
 
     template = est._template()
@@ -306,14 +306,20 @@ class DaskRows:
 
     _onnxgrad_rows = True  # what _loops._is_rows looks for
 
-    def __init__(self, client, X):
+    def __init__(self, client, X, fit=None):
         self.client = client
         self.collection = X  # as given: what the callbacks receive
         self.fit_id = uuid.uuid4().hex
+        # the rows whose engines predict these (a validation set's: the training rows')
+        self.fit = self if fit is None else fit
+        self.validation = []  # the validation sets' rows (DaskRows), closed with these
+        self.spec = None  # how _prepare checks and converts the partitions
         self.parts = []  # futures of the partitions (_Part), in order
         self.index = []  # each one's partition number in X
         self.placement = {}  # worker address -> positions in self.parts
-        self.payloads = {}  # stage -> [bytes, future]: what the workers build engines from
+        # key -> [value, future]: what each worker receives once per fit (the bytes it
+        # builds an engine from, a stage; local SGD's held-out rows)
+        self.payloads = {}
         self.rounds = 0
         self.tasks = Counter()  # worker address -> tasks run
         self.offsets = np.zeros(1, dtype=np.int64)
@@ -399,6 +405,37 @@ class DaskRows:
         }
         if classifier and est._class_weight() is not None:
             spec["class_weight"] = (labels, _class_weights(est._class_weight(), labels, counts))
+        self.spec = spec
+        stats = self._prepare_parts(xs, ys, ws, addresses, spec)
+        del xs, ys, ws  # the partitions hold the data now
+        n_samples = sum(s[0] for s in stats)
+        if n_samples == 0:
+            raise ValueError(
+                f"Found array with 0 sample(s) (shape=(0, {n_features})) while a minimum "
+                f"of 1 is required by {name}."
+            )
+        if not any(s[2] for s in stats):
+            raise ValueError("Sample weights must contain at least one non-zero number.")
+        self.total_weight = float(sum(s[1] for s in stats))
+        self._place()
+        self._rebalance()
+        self.shape = (n_samples, n_features)
+        self.dtype = np.dtype(dtype)
+        logger.info(
+            "%d rows in %d partitions on %d dask workers (%s)",
+            n_samples,
+            len(self.parts),
+            len(self.placement),
+            ", ".join(f"{a}: {len(k)}" for a, k in sorted(self.placement.items())),
+        )
+        y2d = _RowsView(self, (n_samples, spec["width"]), dtype)
+        return self, y2d, _RowsView(self, (n_samples,), dtype), fitted
+
+    def _prepare_parts(self, xs, ys, ws, addresses, spec):
+        """Check and convert the blocks on the workers of X's (:func:`_prepare`), and
+        keep the partitions that have rows; return each block's rows, weight sum and
+        whether a weight is not zero (:func:`_describe`)."""
+        client = self.client
         parts = [
             client.submit(
                 _prepare,
@@ -415,41 +452,83 @@ class DaskRows:
             )
             for i, (x, yb, wb, address) in enumerate(zip(xs, ys, ws, addresses))
         ]
-        del xs, ys, ws  # the partitions hold the data now
         stats = client.gather(
             [
                 client.submit(_describe, p, workers=[a], allow_other_workers=True, pure=False)
                 for p, a in zip(parts, addresses)
             ]
         )
-        n_samples = sum(s[0] for s in stats)
-        if n_samples == 0:
-            raise ValueError(
-                f"Found array with 0 sample(s) (shape=(0, {n_features})) while a minimum "
-                f"of 1 is required by {name}."
-            )
-        if not any(s[2] for s in stats):
-            raise ValueError("Sample weights must contain at least one non-zero number.")
         kept = [i for i, s in enumerate(stats) if s[0]]  # empty partitions take no part
         self.parts = [parts[i] for i in kept]
         self.index = kept
-        # the training rows are the partitions' end to end: row r of the fit is row
-        # r - offsets[k] of partition k
+        # the rows are the partitions' end to end: row r is row r - offsets[k] of
+        # partition k
         self.offsets = np.cumsum([0] + [stats[i][0] for i in kept])
-        self.total_weight = float(sum(s[1] for s in stats))
-        self._place()
-        self._rebalance()
-        self.shape = (n_samples, n_features)
-        self.dtype = np.dtype(dtype)
+        return stats
+
+    def validation_set(self, est, X_val, y_val, sample_weight_val, outputs):
+        """A validation set given to ``fit`` as dask collections, checked as one in memory
+        is (``_base._validate_validation_data``) and kept on the workers that hold the
+        blocks of ``X_val``, prepared as the training partitions are (y's classes, the
+        training dtype, X through the head the training rows went through), without
+        class weights; ``outputs``: the columns of the encoded y.
+
+        Returns what the epochs score: its rows, which the engines of this fit predict
+        at each epoch where they are (:class:`_HeldOut` of a :class:`DaskRows`), and
+        their encoded targets and weights, gathered here once.
+        """
+        from sklearn.utils.validation import _check_feature_names, _check_n_features
+
+        from ._frames import check_raw_frame
+
+        client, spec = self.client, dict(self.spec, class_weight=None)
+        described = X_val._meta if _kind(X_val) == "frame" else X_val
+        if "_raw_columns" in est.__dict__:  # the head the training rows went through
+            check_raw_frame(est, described)
+        else:
+            _check_feature_names(est, described, reset=False)
+            _check_n_features(est, described, reset=False)
+        width = _width(y_val)
+        single = spec["classifier"] and not spec["multilabel"]  # y_val: labels
+        if (width or 1) != (1 if single else outputs):
+            raise ValueError(
+                f"y_val has {width or 1} columns, for y's "
+                f"{1 if single else outputs} ({'labels' if single else 'outputs'})."
+            )
+        rows = DaskRows(client, X_val, fit=self)
+        self.validation.append(rows)
+        xs, ys, ws, addresses = rows._place_blocks(X_val, y_val, sample_weight_val)
+        if single:
+            found = client.gather([client.submit(_labels, f, spec["name"], pure=False) for f in ys])
+            unknown = np.setdiff1d(_merge_labels(found)[0], spec["classes"])
+            if unknown.size:
+                raise ValueError(
+                    f"y_val contains labels {unknown.tolist()} that are not among the "
+                    f"classes {spec['classes'].tolist()} of y."
+                )
+        stats = rows._prepare_parts(xs, ys, ws, addresses, spec)
+        del xs, ys, ws
+        n = sum(s[0] for s in stats)
+        if n == 0:
+            raise ValueError(
+                f"Found array with 0 sample(s) (shape=(0, {spec['n_features']})) while a "
+                f"minimum of 1 is required by {spec['name']} (X_val)."
+            )
+        if not any(s[2] for s in stats):
+            raise ValueError("sample_weight_val must contain at least one non-zero number.")
+        rows._place()
+        rows.shape, rows.dtype = (n, spec["n_features"]), self.dtype
+        positions = np.arange(n, dtype=np.int32 if n < 2**31 else np.intp)
+        y, sample_weight = rows._gather_rows(positions)
         logger.info(
-            "%d rows in %d partitions on %d dask workers (%s)",
-            n_samples,
-            len(self.parts),
-            len(self.placement),
-            ", ".join(f"{a}: {len(k)}" for a, k in sorted(self.placement.items())),
+            "the validation set: %d rows in %d partitions on %d dask workers (%s), "
+            "predicted there at each epoch",
+            n,
+            len(rows.parts),
+            len(rows.placement),
+            ", ".join(f"{a}: {len(k)}" for a, k in sorted(rows.placement.items())),
         )
-        y2d = _RowsView(self, (n_samples, spec["width"]), dtype)
-        return self, y2d, _RowsView(self, (n_samples,), dtype), fitted
+        return _HeldOut(rows, positions), y, sample_weight
 
     def _rebalance(self):
         """Spread the partitions once over the workers when some hold none and another
@@ -625,7 +704,7 @@ class DaskRows:
                 "or the size of your dataset."
             )
         y_val, sw_val = self._gather_rows(held)
-        X = _TrainingRows(self, train)
+        X = _TrainingRows(self, train, held)
         arrays = (X, _RowsView(self, (len(train), y_val.shape[1]), self.dtype), None)
         return arrays, (_HeldOut(self, held), y_val, sw_val), held
 
@@ -641,9 +720,11 @@ class DaskRows:
         return self._by_rows(positions, _targets_of)
 
     def predict_rows(self, engine, positions):
-        """The model's output at ``engine``'s weights on the rows ``positions``."""
-        stage = self.epochs["stage"]
-        payload = (self.payloads[stage][1], self.fit_id, stage, engine.get_weights())
+        """The model's output at ``engine``'s weights on the rows ``positions``, by the
+        workers' engines of the fit (``self.fit``)."""
+        fit = self.fit
+        stage = fit.epochs["stage"]
+        payload = (fit.payloads[stage][1], fit.fit_id, stage, engine.get_weights())
         return self._by_rows(positions, _predict_rows, *payload)[0]
 
     def _by_rows(self, positions, function, *args):
@@ -678,16 +759,19 @@ class DaskRows:
             return _LocalBatches(self, order)
         return _DaskBatches(self, order)
 
-    def register(self, payload: bytes):
-        """Send what a worker builds an engine from, once per worker; return its stage."""
+    def register(self, payload):
+        """Send ``payload`` (what a worker builds an engine from, or other data each
+        worker needs during the fit) once to every worker; return its key (an engine's
+        stage)."""
         stage = len(self.payloads)
         self.payloads[stage] = [payload, self._scatter(payload)]
         return stage
 
     def _scatter(self, payload):
-        return self.client.scatter(
-            payload, workers=sorted(self.placement), broadcast=True, hash=False
-        )
+        """``payload`` on every worker holding partitions, of these rows or of a
+        validation set's (whose workers' engines predict it)."""
+        workers = set(self.placement).union(*(v.placement for v in self.validation))
+        return self.client.scatter(payload, workers=sorted(workers), broadcast=True, hash=False)
 
     def sums(self, stage, weights, rows=None, ones=False):
         """``(loss * weight, [gradient * weight])`` of every chunk of rows with a non-zero
@@ -838,7 +922,7 @@ class DaskRows:
                 break
             time.sleep(0.2)
         self._place(holders, alive)
-        for entry in self.payloads.values():  # the engines' bytes, where they are needed
+        for entry in self.payloads.values():  # what the workers were sent, where it is needed
             entry[1] = self._scatter(entry[0])
         logger.info("partitions %s are back: the evaluation is repeated.", lost)
 
@@ -869,10 +953,15 @@ class DaskRows:
         return np.sqrt(m2 / max(n - ddof, 0))
 
     def close(self):
-        """Drop the engines on the workers and release the partitions."""
+        """Drop the engines on the workers and release the partitions (a validation
+        set's too)."""
         client = self.client
-        with contextlib.suppress(Exception):
-            client.run(_forget, self.fit_id, on_error="ignore")
+        if self.fit is self:
+            with contextlib.suppress(Exception):
+                client.run(_forget, self.fit_id, on_error="ignore")
+        for rows in self.validation:
+            rows.close()
+        self.validation = []
         futures = self.parts + [entry[1] for entry in self.payloads.values()]
         with contextlib.suppress(Exception):
             client.cancel(futures)
@@ -970,23 +1059,44 @@ class _DaskBatches:
 
 
 class _TrainingRows:
-    """The rows early stopping's split leaves to train on (positions ``training``)."""
+    """The rows early stopping's split leaves to train on (positions ``training``, the
+    others, ``held``, being the validation rows).
+
+    ``sizes``: the training rows of each partition. For local SGD the held-out row
+    numbers of every partition are sent once to each worker (``dropped``: their key in
+    ``rows.payloads``), which leaves them out of its shuffles (:func:`_local_order`).
+    """
 
     _onnxgrad_rows = True
     ndim = 2
 
-    def __init__(self, rows, training):
+    def __init__(self, rows, training, held):
         self.rows, self.training = rows, training
         self.shape = (len(training), rows.shape[1])
         self.dtype = rows.dtype
+        held = np.sort(held)
+        cuts = np.searchsorted(held, rows.offsets)  # each partition's held-out rows
+        self.sizes = np.diff(rows.offsets) - np.diff(cuts)
+        self.dropped = None
+        if rows.epochs["sync_every"] > 1:
+            self.dropped = rows.register(
+                {
+                    rows.index[k]: (held[a:b] - rows.offsets[k]).astype(held.dtype)
+                    for k, (a, b) in enumerate(zip(cuts[:-1], cuts[1:]))
+                    if b > a
+                }
+            )
 
     def batches(self, order):
+        if self.rows.epochs["sync_every"] > 1:
+            return _LocalBatches(self.rows, order, self)
         return _DaskBatches(self.rows, order, self.training)
 
 
 class _HeldOut:
-    """The validation rows of early stopping's split, on the workers: the estimator's
-    epochs predict them there (``predict``)."""
+    """Validation rows on the workers: early stopping's held-out rows, or the rows of a
+    validation set given as dask collections (:meth:`DaskRows.validation_set`); the
+    estimator's epochs predict them there (``predict``)."""
 
     _onnxgrad_rows = True
     ndim = 2
@@ -1012,11 +1122,20 @@ class _LocalBatches(_DaskBatches):
     of the fit in memory); the weights and the state are then averaged, weighted by
     the rows each worker trained on. The loss of an epoch is the row-weighted mean of
     the workers' batch losses.
+
+    With early stopping's held-out split (``training``: :class:`_TrainingRows`), each
+    worker shuffles and trains on its training rows only: the held-out rows of its
+    partitions, sent once per fit, are left out; ``S`` and the shares count the
+    training rows.
     """
 
-    def __init__(self, rows, order):
-        super().__init__(rows, order)
-        self.n_steps = -(-rows.shape[0] // rows.epochs["batch_size"])
+    def __init__(self, rows, order, training=None):
+        super().__init__(rows, order, None if training is None else training.training)
+        # the training rows of each partition, and the held-out ones' key (None: none)
+        self.sizes = np.diff(rows.offsets) if training is None else training.sizes
+        self.dropped = None if training is None else training.dropped
+        self.n_rows = int(self.sizes.sum())
+        self.n_steps = -(-self.n_rows // batch_rows(rows.epochs["batch_size"], self.n_rows))
         self.done = 0  # steps of the epoch made
         self.pending = 0  # steps asked for since the last round
         # the workers' shuffles: drawn from the epoch's order (None: no shuffle)
@@ -1025,11 +1144,11 @@ class _LocalBatches(_DaskBatches):
     def _tasks(self, first, last, step, learning_rate, payload, data):
         """``{worker: task}`` of the steps ``first`` to ``last`` (excluded)."""
         rows = self.rows
-        n = rows.shape[0]
+        dropped = None if self.dropped is None else rows.payloads[self.dropped][1]
         tasks = {}
         for a, ks in sorted(rows.placement.items()):
             keys = sorted(ks)
-            share = sum(int(rows.offsets[k + 1] - rows.offsets[k]) for k in keys) / n
+            share = sum(int(self.sizes[k]) for k in keys) / self.n_rows
             plan = (self.seed, self.n_steps, first, last)
             tasks[a] = (
                 _local_steps,
@@ -1041,6 +1160,7 @@ class _LocalBatches(_DaskBatches):
                 step,
                 learning_rate,
                 plan,
+                dropped,
                 *[rows.parts[k] for k in keys],
             )
         return tasks
@@ -1049,7 +1169,7 @@ class _LocalBatches(_DaskBatches):
         """Steps are run ``sync_every`` at a time, the last round of an epoch shorter:
         ``(None, 0)`` until a round is due, then its mean loss and rows."""
         self.pending += 1
-        if self.pending < self.rows.epochs["sync_every"] and batch.stop < self.rows.shape[0]:
+        if self.pending < self.rows.epochs["sync_every"] and batch.stop < self.n_rows:
             return None, 0
         first, last = self.done, self.done + self.pending
         self.done, self.pending = last, 0
@@ -1147,6 +1267,8 @@ _ENGINES_LOCK = threading.Lock()
 _MAX_ENGINES = 16
 #: Evaluation tasks run by this process, by fit (what the tests read).
 _SERVED: Counter = Counter()
+#: Validation rows predicted by this process during fits, by fit (what the tests read).
+_PREDICTED: Counter = Counter()
 #: Blocks predicted by this process, by ``id`` of the estimator (what the tests read).
 _PREDICTORS: Counter = Counter()
 
@@ -1172,7 +1294,10 @@ class _Part:
 
 def _prepare(index, x, y, w, spec):
     """A partition checked as ``fit`` checks data in memory, in the training dtype, y
-    encoded (one-hot over the classes), the class weights applied."""
+    encoded (one-hot over the classes), the class weights applied. Its weights may all
+    be zero: the client checks that some weight of the rows is not."""
+    import inspect
+
     from sklearn.utils.validation import _check_sample_weight, _check_y, _num_samples, check_array
 
     dtype, name = spec["dtype"], spec["name"]
@@ -1211,7 +1336,10 @@ def _prepare(index, x, y, w, spec):
     else:
         y2d = np.ascontiguousarray(y.reshape(n, -1), dtype=np.float64)
     y2d = np.ascontiguousarray(y2d, dtype=dtype)
-    sw = _check_sample_weight(w, X, dtype=dtype)
+    zeros = {}  # recent scikit-learn refuses weights that are all zero unless told
+    if "allow_all_zero_weights" in inspect.signature(_check_sample_weight).parameters:
+        zeros["allow_all_zero_weights"] = True
+    sw = _check_sample_weight(w, X, dtype=dtype, **zeros)
     if spec["class_weight"] is not None:  # as compute_sample_weight on all the labels
         present, weights = spec["class_weight"]
         labels = spec["classes"][y2d.argmax(axis=1)]
@@ -1257,7 +1385,9 @@ def _predict_rows(payload, fit_id, stage, weights, picks, *parts):
     """The model's output on the rows ``picks`` of ``parts``, partition by partition."""
     engine = _engine(payload, fit_id, stage)
     engine.set_weights(weights)
-    return (engine.predict(_take(parts, picks)[0]),)
+    X = _take(parts, picks)[0]
+    _PREDICTED[fit_id] += X.shape[0]
+    return (engine.predict(X),)
 
 
 def _same(part):
@@ -1382,17 +1512,27 @@ def _batch_sums(payload, fit_id, stage, weights, picks, size, ones, *parts):
 _ORDERS: OrderedDict = OrderedDict()
 
 
-def _local_order(fit_id, parts, seed):
-    """The order of this worker's rows (its partitions end to end) in an epoch."""
+def _local_order(fit_id, parts, seed, dropped=None):
+    """The order of this worker's rows (its partitions end to end) in an epoch, less the
+    rows ``dropped`` (``{partition: row numbers}``, early stopping's held-out rows)."""
     key = (fit_id, tuple(p.index for p in parts), None if seed is None else tuple(seed))
     with _ENGINES_LOCK:
         order = _ORDERS.get(key)
     if order is None:
-        n = sum(p.X.shape[0] for p in parts)
+        sizes = [p.X.shape[0] for p in parts]
+        rows = np.arange(sum(sizes))
+        if dropped:
+            kept = np.ones(len(rows), dtype=bool)
+            for start, p in zip(np.cumsum([0, *sizes[:-1]]), parts):
+                if p.index in dropped:
+                    kept[start + dropped[p.index]] = False
+            rows = rows[kept]
         if seed is None:
-            order = np.arange(n)
+            order = rows
         else:  # the worker's own stream, from the epoch's and its first partition
-            order = np.random.default_rng([*seed, parts[0].index]).permutation(n)
+            order = np.random.default_rng([*seed, parts[0].index]).permutation(len(rows))
+            if dropped:
+                order = rows[order]
         with _ENGINES_LOCK:
             _ORDERS[key] = order
             while len(_ORDERS) > 2:  # this epoch's and the last one's
@@ -1400,12 +1540,12 @@ def _local_order(fit_id, parts, seed):
     return order
 
 
-def _local_steps(payload, fit_id, stage, share, sent, step, learning_rate, plan, *parts):
+def _local_steps(payload, fit_id, stage, share, sent, step, learning_rate, plan, dropped, *parts):
     """Train from the weights and optimizer state ``sent`` on this worker's batches
     ``first`` to ``last`` of the epoch (``plan``: the epoch's seed, its number of
-    batches, ``first``, ``last``); returns the rows trained on, the sum of the batch
-    losses times their rows, the weights and the state, or the first non-finite loss
-    (no more steps)."""
+    batches, ``first``, ``last``; ``dropped``: the rows that do not train, or None);
+    returns the rows trained on, the sum of the batch losses times their rows, the
+    weights and the state, or the first non-finite loss (no more steps)."""
     seed, n_steps, first, last = plan
     engine = _engine(payload, fit_id, stage, share)
     n_weights = len(engine.shapes)
@@ -1416,7 +1556,7 @@ def _local_steps(payload, fit_id, stage, share, sent, step, learning_rate, plan,
     state["state"] = [flat[i * n_state : (i + 1) * n_state] for i in range(n_weights)]
     state["step"] = step  # the fit's updates so far (Adam's bias correction reads it)
     engine.set_state(state)
-    order = _local_order(fit_id, parts, seed)
+    order = _local_order(fit_id, parts, seed, dropped)
     bounds = np.round(np.linspace(0, len(order), n_steps + 1)).astype(np.int64)
     # the round's rows, gathered at once in the epoch's order: each step a slice
     start = bounds[first]
@@ -1447,6 +1587,11 @@ def _forget(fit_id):
 def _served():
     """Evaluation tasks this process ran, in all (read with ``client.run``)."""
     return sum(_SERVED.values())
+
+
+def _predicted():
+    """Validation rows this process predicted during fits, in all (``client.run``)."""
+    return sum(_PREDICTED.values())
 
 
 def _predictors(clear=False):

@@ -413,6 +413,143 @@ def test_sync_every_1_early_stopping_on_a_given_validation_set(client):
     np.testing.assert_allclose(mlp_weights(got), mlp_weights(expected), rtol=1e-4, atol=1e-5)
 
 
+def predicted(client):
+    """Validation rows each worker predicted during fits so far."""
+    return client.run(_dask._predicted)
+
+
+@pytest.fixture
+def gathered(monkeypatch):
+    """The shapes of the arrays the client gathers from the cluster while recording."""
+    shapes, recording = [], [False]
+    original = distributed.Client.gather
+
+    def walk(value):
+        if isinstance(value, np.ndarray):
+            shapes.append(value.shape)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                walk(v)
+        elif isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+
+    def gather(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        if recording[0]:
+            walk(out)
+        return out
+
+    monkeypatch.setattr(distributed.Client, "gather", gather)
+    return shapes, recording
+
+
+@pytest.mark.parametrize("kind", ["regressor", "binary"])
+def test_a_dask_validation_set_is_scored_on_the_workers(client, kind, caplog):
+    """X_val, y_val and sample_weight_val as dask arrays, sync_every=1: the epochs and
+    validation scores of the fit in memory; the validation rows are predicted where
+    they are, each once an epoch."""
+    params = dict(
+        optimizer="adam", max_iter=40, early_stopping=True, tol=0.01, n_iter_no_change=2,
+        learning_rate_init=0.01, random_state=0,
+    )  # fmt: skip
+    if kind == "regressor":
+        X, y = diabetes()
+        make = functools.partial(OrtGradientRegressor, MLPRegressor(hidden_layer_sizes=(8,)))
+    else:
+        X, y = binary_data(1200, 5, seed=8)
+        make = functools.partial(OrtGradientClassifier, MLPClassifier(hidden_layer_sizes=(8,)))
+    X, X_val, y, y_val = X[100:], X[:100], y[100:], y[:100]
+    sw_val = np.random.RandomState(0).uniform(0.5, 2.0, 100)
+    sw_val[:40] = 0  # a partition of weights all zero is one of a validation set
+    before = predicted(client)
+    with caplog.at_level(logging.INFO, logger="onnxgrad_sklearn"):
+        got = make(**params).fit(
+            da.from_array(X, chunks=150),
+            da.from_array(y, chunks=150),
+            X_val=da.from_array(X_val, chunks=40),
+            y_val=da.from_array(y_val, chunks=40),
+            sample_weight_val=da.from_array(sw_val, chunks=40),
+        )
+    after = predicted(client)
+    assert "computed into memory" not in caplog.text
+    assert "the validation set: 100 rows in 3 partitions" in caplog.text
+    assert sum(after.values()) - sum(before.values()) == 100 * got.n_iter_
+    expected = make(**params).fit(X, y, X_val=X_val, y_val=y_val, sample_weight_val=sw_val)
+    assert got.n_iter_ == expected.n_iter_ < 40  # stopped early, at the same epoch
+    # measured: 1.2e-7 at most (the R2 of a regressor crosses zero)
+    np.testing.assert_allclose(got.validation_scores_, expected.validation_scores_, atol=1e-5)
+    np.testing.assert_allclose(mlp_weights(got), mlp_weights(expected), rtol=1e-4, atol=1e-5)
+
+
+def test_a_dask_validation_set_with_local_sgd(client, caplog, gathered):
+    """sync_every=4, X_val made on a worker that holds no training rows: it is
+    predicted there (the engine's bytes sent to it), never brought to the client; the
+    weights kept score best_validation_score_ on it."""
+    client.wait_for_workers(2, timeout=60)
+    first, second = sorted(client.nthreads())
+    p = 7
+    rng = da.random.RandomState(3)
+
+    def rows(n, chunks):  # made on the workers
+        X = rng.standard_normal((n, p), chunks=(chunks, p)).astype(np.float32)
+        return X, X[:, 0] - 0.5 * X[:, 2] + 0.1 * rng.standard_normal(n, chunks=chunks)
+
+    # the training rows in one partition on the first worker, X_val on the second
+    X, y = client.persist(list(rows(1000, 1000)), workers=[first])
+    X_val, y_val = rows(300, 100)
+    sw_val = rng.uniform(0.5, 2.0, 300, chunks=100)
+    X_val, y_val, sw_val = client.persist([X_val, y_val, sw_val], workers=[second])
+    distributed.wait([X, y, X_val, y_val, sw_val])
+    params = dict(
+        optimizer="adam", max_iter=15, batch_size=32, learning_rate_init=0.01,
+        early_stopping=True, tol=1e-3, n_iter_no_change=3, random_state=0, sync_every=4,
+    )  # fmt: skip
+    est = OrtGradientRegressor(MLPRegressor(hidden_layer_sizes=(16,)), **params)
+    shapes, recording = gathered
+    before, rows_before = served(client), predicted(client)
+    recording[0] = True
+    with caplog.at_level(logging.INFO, logger="onnxgrad_sklearn"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        got = est.fit(X, y, X_val=X_val, y_val=y_val, sample_weight_val=sw_val)
+    recording[0] = False
+    after, rows_after = served(client), predicted(client)
+    assert "computed into memory" not in caplog.text
+    assert after[first] > before.get(first, 0) and after[second] == before.get(second, 0)
+    # every validation row predicted once an epoch, on the second worker
+    assert rows_after[second] - rows_before.get(second, 0) == 300 * got.n_iter_
+    assert rows_after[first] == rows_before.get(first, 0)
+    # no array with X_val's columns came to the client: predictions, targets, weights
+    assert shapes and not any(len(s) == 2 and s[1] == p for s in shapes), shapes
+    assert len(got.validation_scores_) == got.n_iter_ >= 2
+    # the weights kept are the best epoch's: their score on X_val is the best score
+    X_np, y_np, sw_np = client.compute([X_val, y_val, sw_val], sync=True)
+    assert got.score(X_np, y_np, sample_weight=sw_np) == pytest.approx(
+        got.best_validation_score_, abs=1e-5
+    )
+    assert got.score(X_val, y_val, sample_weight=sw_val) == pytest.approx(
+        got.best_validation_score_, abs=1e-5
+    )
+    assert got.best_validation_score_ > 0.8
+
+
+def test_a_dask_validation_set_is_checked_as_one_in_memory(client):
+    X, y = binary_data(600, 4, seed=5)
+    Xd, yd = da.from_array(X, chunks=200), da.from_array(y, chunks=200)
+    est = OrtGradientClassifier(
+        MLPClassifier(hidden_layer_sizes=(4,)), optimizer="adam", max_iter=2, early_stopping=True
+    )
+    X_val = da.from_array(X[:50], chunks=25)
+    with pytest.raises(ValueError, match=r"y_val contains labels \[2\] that are not among"):
+        est.fit(Xd, yd, X_val=X_val, y_val=da.from_array(np.full(50, 2), chunks=25))
+    with pytest.raises(ValueError, match="X has 3 features, but OrtGradientClassifier"):
+        est.fit(Xd, yd, X_val=X_val[:, :3], y_val=y[:50])
+    with pytest.raises(ValueError, match="must contain at least one non-zero number"):
+        est.fit(Xd, yd, X_val=X_val, y_val=y[:50], sample_weight_val=np.zeros(50))
+    with pytest.raises(ValueError, match="y_val has 2 columns"):
+        est.fit(Xd, yd, X_val=X_val, y_val=np.stack([y[:50], y[:50]], axis=1))
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_local_sgd_loss_and_score(client, backend):
     """sync_every=4: each worker makes 4 steps on its own rows, then the weights and the
@@ -591,18 +728,51 @@ def test_early_stopping_split_on_the_workers(client, kind):
     np.testing.assert_allclose(mlp_weights(got), mlp_weights(expected), rtol=1e-4, atol=1e-5)
 
 
-def test_local_sgd_with_a_held_out_split_trains_here(client, caplog):
-    X, y = binary_data(600, 4)
-    Xd, yd = da.from_array(X, chunks=200), da.from_array(y, chunks=200)
-    params = dict(optimizer="adam", max_iter=3, random_state=0, early_stopping=True, sync_every=4)
-    est = OrtGradientClassifier(LogisticRegression(), **params)
-    with caplog.at_level(logging.INFO, logger="onnxgrad_sklearn"), pytest.warns(Warning):
-        got = est.fit(Xd, yd)
-    assert "held-out split" in caplog.text and "computed into memory" in caplog.text
-    expected = OrtGradientClassifier(LogisticRegression(), **params)
-    with pytest.warns(Warning):
-        expected.fit(X, y)
-    np.testing.assert_array_equal(weights_of(got), weights_of(expected))
+def test_local_sgd_with_a_held_out_split_trains_on_the_workers(client, caplog, monkeypatch):
+    """sync_every=4 with early stopping's split: the rows a fit in memory holds out are
+    held out on the workers, scored there, and never trained on."""
+    X, y = diabetes()
+    params = dict(
+        optimizer="adam", max_iter=20, batch_size=32, learning_rate_init=0.003,
+        early_stopping=True, n_iter_no_change=100, random_state=0,
+    )  # fmt: skip
+    make = functools.partial(OrtGradientRegressor, MLPRegressor(hidden_layer_sizes=(32,)))
+    held = []  # the rows each fit holds out
+    original = OrtGradientRegressor._split_validation
+
+    def split(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        held.append(np.sort(out[2]))
+        return out
+
+    monkeypatch.setattr(OrtGradientRegressor, "_split_validation", split)
+    with pytest.warns(ConvergenceWarning):
+        expected = make(**params).fit(X, y)
+    # one placement of the partitions for both fits on the cluster
+    Xd = client.persist(da.from_array(X, chunks=150))
+    distributed.wait(Xd)
+    before = served(client)
+    with caplog.at_level(logging.INFO, logger="onnxgrad_sklearn"):
+        with pytest.warns(ConvergenceWarning):
+            got = make(sync_every=4, **params).fit(Xd, y)
+    after = served(client)
+    assert "computed into memory" not in caplog.text
+    assert all(after[a] > before.get(a, 0) for a in after), (before, after)
+    np.testing.assert_array_equal(held[1], held[0])  # the rows a fit in memory holds out
+    assert len(got.validation_scores_) == len(expected.validation_scores_) == 20
+    # the weights kept are those of the best epoch: on the held-out rows, its score
+    rows = held[1]
+    assert got.score(X[rows], y[rows]) == pytest.approx(got.best_validation_score_, abs=1e-5)
+    # local SGD is approximate (test_local_sgd_loss_and_score: R2 within 0.03)
+    assert got.best_validation_score_ == pytest.approx(expected.best_validation_score_, abs=0.03)
+    # no held-out row trains: with their targets changed, the same training losses
+    changed = y.copy()
+    changed[rows] += 50.0
+    with pytest.warns(ConvergenceWarning):
+        other = make(sync_every=4, **params).fit(Xd, changed)
+    np.testing.assert_array_equal(held[2], rows)
+    np.testing.assert_array_equal(other.loss_curve_, got.loss_curve_)
+    assert other.best_validation_score_ < -100  # scored on the changed targets
 
 
 def test_workers_of_another_version_are_refused(client, monkeypatch):
