@@ -312,6 +312,7 @@ class DaskRows:
         self.fit_id = uuid.uuid4().hex
         # the rows whose engines predict these (a validation set's: the training rows')
         self.fit = self if fit is None else fit
+        self.kind = "training rows" if fit is None else "validation set"  # in messages
         self.validation = []  # the validation sets' rows (DaskRows), closed with these
         self.spec = None  # how _prepare checks and converts the partitions
         self.parts = []  # futures of the partitions (_Part), in order
@@ -724,31 +725,39 @@ class DaskRows:
         workers' engines of the fit (``self.fit``)."""
         fit = self.fit
         stage = fit.epochs["stage"]
-        payload = (fit.payloads[stage][1], fit.fit_id, stage, engine.get_weights())
-        return self._by_rows(positions, _predict_rows, *payload)[0]
-
-    def _by_rows(self, positions, function, *args):
-        """``function(*args, picks, *partitions)`` on each worker holding some of the
-        rows ``positions``: its arrays, put back in the order of ``positions``."""
-        picks, slots = self._picks(positions, slots=True)
-        addresses = sorted(picks)
-        found = self.client.gather(
-            [
-                self.client.submit(
-                    function,
-                    *args,
-                    picks[a],
-                    *[self.parts[k] for k in picks[a]],
-                    workers=[a],
-                    pure=False,
-                )
-                for a in addresses
-            ]
+        weights = engine.get_weights()
+        # the engine's bytes as sent last (sent again after a worker left)
+        found = self._by_rows(
+            positions,
+            _predict_rows,
+            lambda: (fit.payloads[stage][1], fit.fit_id, stage, weights),
         )
+        return found[0]
+
+    def _by_rows(self, positions, function, args=()):
+        """``function(*args, picks, *partitions)`` on each worker holding some of the
+        rows ``positions``: its arrays, put back in the order of ``positions``.
+
+        ``args``: a tuple, or a callable giving it (read again when the tasks are sent
+        again). A worker that leaves meanwhile: as in a round (:meth:`_round`), dask
+        computes its partitions again and the tasks are sent again, or an error names
+        the lost partitions.
+        """
+        slots = {}
+
+        def tasks():
+            picks, places = self._picks(positions, slots=True)
+            slots.update(places)
+            given = args() if callable(args) else args
+            return {
+                a: (function, *given, picks[a], *[self.parts[k] for k in picks[a]]) for a in picks
+            }
+
+        found = self._run(tasks, count=False)
         out = []
-        for j, first in enumerate(found[0]):
+        for j, first in enumerate(next(iter(found.values()))):
             result = np.empty((len(positions), *first.shape[1:]), dtype=first.dtype)
-            for a, values in zip(addresses, found):
+            for a, values in found.items():
                 result[slots[a]] = values[j]
             out.append(result)
         return out
@@ -769,8 +778,10 @@ class DaskRows:
 
     def _scatter(self, payload):
         """``payload`` on every worker holding partitions, of these rows or of a
-        validation set's (whose workers' engines predict it)."""
+        validation set's (whose workers' engines predict it), that is still there (the
+        placement of rows whose worker left is updated when they are next used)."""
         workers = set(self.placement).union(*(v.placement for v in self.validation))
+        workers &= set(self.client.nthreads())
         return self.client.scatter(payload, workers=sorted(workers), broadcast=True, hash=False)
 
     def sums(self, stage, weights, rows=None, ones=False):
@@ -810,7 +821,8 @@ class DaskRows:
         """
         client = self.client
         weights = [np.ascontiguousarray(w) for w in weights]
-        for attempt in itertools.count():
+
+        def tasks():  # for the placement of the moment (again after a worker left)
             payload = self.payloads[stage][1]
             data = weights
             if sum(w.nbytes for w in weights) > INLINE_BYTES:
@@ -818,25 +830,38 @@ class DaskRows:
                     [weights], workers=sorted(self.placement), broadcast=True, hash=False
                 )[0]
             if plan is not None:
-                tasks = plan(payload, data)
-            elif rows is None:
-                tasks = {
+                return plan(payload, data)
+            if rows is None:
+                return {
                     address: (_evaluate, payload, self.fit_id, stage, data)
                     + tuple(self.parts[k] for k in ks)
                     for address, ks in self.placement.items()
                 }
-            else:
-                size = self.epochs["batch_size"]
-                tasks = {
-                    address: (_batch_sums, payload, self.fit_id, stage, data, picks, size, ones)
-                    + tuple(self.parts[k] for k in picks)
-                    for address, picks in self._picks(rows).items()
-                }
+            size = self.epochs["batch_size"]
+            return {
+                address: (_batch_sums, payload, self.fit_id, stage, data, picks, size, ones)
+                + tuple(self.parts[k] for k in picks)
+                for address, picks in self._picks(rows).items()
+            }
+
+        return list(self._run(tasks).values())
+
+    def _run(self, tasks, count=True):
+        """Run the tasks ``tasks()`` gives (``{worker: (function, *arguments)}``), each
+        pinned to its worker; ``{worker: result}`` in the order of the workers'
+        addresses (``count``: counted in :attr:`tasks`).
+
+        A worker that leaves meanwhile: dask computes its partitions again
+        (:meth:`_recover`) and the tasks, made again for the new placement, are run
+        again; or an error names the partitions lost (:meth:`_lost_error`).
+        """
+        client = self.client
+        for attempt in itertools.count():
             futures = {
                 address: client.submit(
                     *task, workers=[address], allow_other_workers=False, pure=False
                 )
-                for address, task in sorted(tasks.items())
+                for address, task in sorted(tasks().items())
             }
             try:
                 results = self._gather(futures)
@@ -850,8 +875,9 @@ class DaskRows:
             except BaseException:  # an error on a worker, Ctrl-C: no task left behind
                 client.cancel(list(futures.values()))
                 raise
-            self.tasks.update(futures.keys())
-            return results
+            if count:
+                self.tasks.update(futures.keys())
+            return dict(zip(futures, results))
 
     def _gather(self, futures):
         from distributed import wait
@@ -896,10 +922,11 @@ class DaskRows:
         lost = self._lost_parts(gone)
         logger.warning(
             "dask worker(s) %s left the cluster during the fit, holding partitions %s of "
-            "the training rows: waiting up to %.0f s for dask to compute them again, then "
+            "the %s: waiting up to %.0f s for dask to compute them again, then "
             "the evaluation is repeated.",
             ", ".join(sorted(gone)),
             lost,
+            self.kind,
             RECOVERY_S,
         )
         deadline = time.monotonic() + RECOVERY_S
@@ -922,13 +949,18 @@ class DaskRows:
                 break
             time.sleep(0.2)
         self._place(holders, alive)
-        for entry in self.payloads.values():  # what the workers were sent, where it is needed
-            entry[1] = self._scatter(entry[0])
+        # what the workers were sent, where it is needed (a validation set's workers
+        # receive the fit's)
+        for entry in self.fit.payloads.values():
+            entry[1] = self.fit._scatter(entry[0])
+        if self.fit is not self:
+            for entry in self.payloads.values():
+                entry[1] = self._scatter(entry[0])
         logger.info("partitions %s are back: the evaluation is repeated.", lost)
 
     def _lost_error(self, gone, parts):
         return DaskWorkerLostError(
-            f"Partitions {parts} of the training rows were on the dask worker(s) "
+            f"Partitions {parts} of the {self.kind} were on the dask worker(s) "
             f"{', '.join(sorted(gone))}, which left the cluster during the fit, and dask "
             f"could not compute them again within {RECOVERY_S:.0f} s (data scattered "
             "or loaded from this process cannot be computed again; rows made by a dask "
