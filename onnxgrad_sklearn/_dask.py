@@ -267,12 +267,27 @@ def _versions() -> dict:
 _worker_versions = _versions
 
 
+#: The workers found with this process's versions, by scheduler (and by the function
+#: that reads them, which a test replaces): asked again only of new workers.
+_CHECKED: dict = {}
+
+
 def _check_workers(client) -> None:
-    """Refuse workers without this package, or with other versions of it or onnxruntime."""
+    """Refuse workers without this package, or with other versions of it or onnxruntime.
+
+    Each worker process is asked once per process (by address and the scheduler's id
+    of the worker, which a restarted worker does not keep).
+    """
     here = _versions()
-    found = client.run(_worker_versions, on_error="return")
-    if not found:
+    info = client.scheduler_info(n_workers=-1).get("workers", {})
+    if not info:
         raise RuntimeError("The dask cluster has no worker: start workers before fitting.")
+    workers = {(a, w.get("id")) for a, w in info.items()}
+    checked = _CHECKED.setdefault((client.scheduler.address, _worker_versions), set())
+    new = sorted(workers - checked)
+    found = {}
+    if new:
+        found = client.run(_worker_versions, workers=[a for a, _ in new], on_error="return")
     wanted = f"onnxgrad_sklearn {here['onnxgrad_sklearn']} with onnxruntime {here['onnxruntime']}"
     bad = []
     for address, versions in sorted(found.items()):
@@ -291,6 +306,7 @@ def _check_workers(client) -> None:
             "onnxruntime on the workers (or fit without a distributed client: the data is "
             "then computed into memory here)."
         )
+    checked.update(w for w in new if w[0] in found)
 
 
 # the rows on the workers -----------------------------------------------------
@@ -318,6 +334,7 @@ class DaskRows:
         self.parts = []  # futures of the partitions (_Part), in order
         self.index = []  # each one's partition number in X
         self.placement = {}  # worker address -> positions in self.parts
+        self.holders = {}  # key of a partition -> the workers found holding it
         # key -> [value, future]: what each worker receives once per fit (the bytes it
         # builds an engine from, a stage; local SGD's held-out rows)
         self.payloads = {}
@@ -409,16 +426,8 @@ class DaskRows:
         self.spec = spec
         stats = self._prepare_parts(xs, ys, ws, addresses, spec)
         del xs, ys, ws  # the partitions hold the data now
-        n_samples = sum(s[0] for s in stats)
-        if n_samples == 0:
-            raise ValueError(
-                f"Found array with 0 sample(s) (shape=(0, {n_features})) while a minimum "
-                f"of 1 is required by {name}."
-            )
-        if not any(s[2] for s in stats):
-            raise ValueError("Sample weights must contain at least one non-zero number.")
+        n_samples = int(self.offsets[-1])
         self.total_weight = float(sum(s[1] for s in stats))
-        self._place()
         self._rebalance()
         self.shape = (n_samples, n_features)
         self.dtype = np.dtype(dtype)
@@ -432,10 +441,13 @@ class DaskRows:
         y2d = _RowsView(self, (n_samples, spec["width"]), dtype)
         return self, y2d, _RowsView(self, (n_samples,), dtype), fitted
 
-    def _prepare_parts(self, xs, ys, ws, addresses, spec):
-        """Check and convert the blocks on the workers of X's (:func:`_prepare`), and
-        keep the partitions that have rows; return each block's rows, weight sum and
-        whether a weight is not zero (:func:`_describe`)."""
+    def _prepare_parts(self, xs, ys, ws, addresses, spec, validation=False):
+        """Check and convert the blocks on the workers of X's (:func:`_prepare`), keep
+        the partitions that have rows and place them (:meth:`_place`); return each
+        block's rows, weight sum and whether a weight is not zero (:func:`_describe`).
+
+        No rows, or weights all zero, raise what ``fit`` raises for data in memory
+        (``validation``: of a validation set)."""
         client = self.client
         parts = [
             client.submit(
@@ -461,10 +473,21 @@ class DaskRows:
         )
         kept = [i for i, s in enumerate(stats) if s[0]]  # empty partitions take no part
         self.parts = [parts[i] for i in kept]
+        # where each one is: where it was described (no who_has round trip)
+        self.holders = {parts[i].key: [stats[i][3]] for i in kept}
         self.index = kept
         # the rows are the partitions' end to end: row r is row r - offsets[k] of
         # partition k
         self.offsets = np.cumsum([0] + [stats[i][0] for i in kept])
+        if self.offsets[-1] == 0:
+            raise ValueError(
+                f"Found array with 0 sample(s) (shape=(0, {spec['n_features']})) while a "
+                f"minimum of 1 is required by {spec['name']}{' (X_val)' if validation else ''}."
+            )
+        if not any(s[2] for s in stats):
+            weights = "sample_weight_val" if validation else "Sample weights"
+            raise ValueError(f"{weights} must contain at least one non-zero number.")
+        self._place(self.holders)
         return stats
 
     def validation_set(self, est, X_val, y_val, sample_weight_val, outputs):
@@ -507,17 +530,9 @@ class DaskRows:
                     f"y_val contains labels {unknown.tolist()} that are not among the "
                     f"classes {spec['classes'].tolist()} of y."
                 )
-        stats = rows._prepare_parts(xs, ys, ws, addresses, spec)
+        rows._prepare_parts(xs, ys, ws, addresses, spec, validation=True)
         del xs, ys, ws
-        n = sum(s[0] for s in stats)
-        if n == 0:
-            raise ValueError(
-                f"Found array with 0 sample(s) (shape=(0, {spec['n_features']})) while a "
-                f"minimum of 1 is required by {spec['name']} (X_val)."
-            )
-        if not any(s[2] for s in stats):
-            raise ValueError("sample_weight_val must contain at least one non-zero number.")
-        rows._place()
+        n = int(rows.offsets[-1])
         rows.shape, rows.dtype = (n, spec["n_features"]), self.dtype
         positions = np.arange(n, dtype=np.int32 if n < 2**31 else np.intp)
         y, sample_weight = rows._gather_rows(positions)
@@ -988,9 +1003,9 @@ class DaskRows:
         """Drop the engines on the workers and release the partitions (a validation
         set's too)."""
         client = self.client
-        if self.fit is self:
+        if self.fit is self:  # not waited for: nothing here depends on it
             with contextlib.suppress(Exception):
-                client.run(_forget, self.fit_id, on_error="ignore")
+                client.run(_forget, self.fit_id, on_error="ignore", wait=False)
         for rows in self.validation:
             rows.close()
         self.validation = []
@@ -1431,8 +1446,12 @@ def _first_rows(part, n):
 
 
 def _describe(part):
-    """Rows, weight sum (float64) and whether any weight is not zero, of a partition."""
-    return part.X.shape[0], float(np.sum(part.sw, dtype=np.float64)), bool(np.any(part.sw))
+    """Rows, weight sum (float64) and whether any weight is not zero, of a partition, and
+    the worker that holds it (this one)."""
+    from distributed import get_worker
+
+    weight = float(np.sum(part.sw, dtype=np.float64))
+    return part.X.shape[0], weight, bool(np.any(part.sw)), get_worker().address
 
 
 def _moments(part):

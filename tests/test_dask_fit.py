@@ -445,21 +445,26 @@ def gathered(monkeypatch):
     return shapes, recording
 
 
-@pytest.mark.parametrize("kind", ["regressor", "binary"])
-def test_a_dask_validation_set_is_scored_on_the_workers(client, kind, caplog):
-    """X_val, y_val and sample_weight_val as dask arrays, sync_every=1: the epochs and
-    validation scores of the fit in memory; the validation rows are predicted where
-    they are, each once an epoch."""
+def _early_stopping_case(kind, rows):
+    """Early stopping's parameters, the estimator's maker and the data (diabetes for a
+    regressor, ``rows`` binary rows for a classifier)."""
     params = dict(
         optimizer="adam", max_iter=40, early_stopping=True, tol=0.01, n_iter_no_change=2,
         learning_rate_init=0.01, random_state=0,
     )  # fmt: skip
     if kind == "regressor":
-        X, y = diabetes()
         make = functools.partial(OrtGradientRegressor, MLPRegressor(hidden_layer_sizes=(8,)))
-    else:
-        X, y = binary_data(1200, 5, seed=8)
-        make = functools.partial(OrtGradientClassifier, MLPClassifier(hidden_layer_sizes=(8,)))
+        return params, make, *diabetes()
+    make = functools.partial(OrtGradientClassifier, MLPClassifier(hidden_layer_sizes=(8,)))
+    return params, make, *binary_data(rows, 5, seed=8)
+
+
+@pytest.mark.parametrize("kind", ["regressor", "binary"])
+def test_a_dask_validation_set_is_scored_on_the_workers(client, kind, caplog):
+    """X_val, y_val and sample_weight_val as dask arrays, sync_every=1: the epochs and
+    validation scores of the fit in memory; the validation rows are predicted where
+    they are, each once an epoch."""
+    params, make, X, y = _early_stopping_case(kind, 1200)
     X, X_val, y, y_val = X[100:], X[:100], y[100:], y[:100]
     sw_val = np.random.RandomState(0).uniform(0.5, 2.0, 100)
     sw_val[:40] = 0  # a partition of weights all zero is one of a validation set
@@ -709,16 +714,7 @@ def test_partial_fit_makes_one_pass_on_the_workers(client):
 def test_early_stopping_split_on_the_workers(client, kind):
     """The split holds out the rows a fit in memory holds out (stratified for a binary
     classifier); the held-out rows are predicted where they are at each epoch."""
-    params = dict(
-        optimizer="adam", max_iter=40, early_stopping=True, tol=0.01, n_iter_no_change=2,
-        learning_rate_init=0.01, random_state=0,
-    )  # fmt: skip
-    if kind == "regressor":
-        X, y = diabetes()
-        make = functools.partial(OrtGradientRegressor, MLPRegressor(hidden_layer_sizes=(8,)))
-    else:
-        X, y = binary_data(900, 5, seed=8)
-        make = functools.partial(OrtGradientClassifier, MLPClassifier(hidden_layer_sizes=(8,)))
+    params, make, X, y = _early_stopping_case(kind, 900)
     before = served(client)
     got = make(**params).fit(da.from_array(X, chunks=150), da.from_array(y, chunks=150))
     assert sum(served(client).values()) > sum(before.values())
