@@ -267,12 +267,27 @@ def _versions() -> dict:
 _worker_versions = _versions
 
 
+#: The workers found with this process's versions, by scheduler (and by the function
+#: that reads them, which a test replaces): asked again only of new workers.
+_CHECKED: dict = {}
+
+
 def _check_workers(client) -> None:
-    """Refuse workers without this package, or with other versions of it or onnxruntime."""
+    """Refuse workers without this package, or with other versions of it or onnxruntime.
+
+    Each worker process is asked once per process (by address and the scheduler's id
+    of the worker, which a restarted worker does not keep).
+    """
     here = _versions()
-    found = client.run(_worker_versions, on_error="return")
-    if not found:
+    info = client.scheduler_info(n_workers=-1).get("workers", {})
+    if not info:
         raise RuntimeError("The dask cluster has no worker: start workers before fitting.")
+    workers = {(a, w.get("id")) for a, w in info.items()}
+    checked = _CHECKED.setdefault((client.scheduler.address, _worker_versions), set())
+    new = sorted(workers - checked)
+    found = {}
+    if new:
+        found = client.run(_worker_versions, workers=[a for a, _ in new], on_error="return")
     wanted = f"onnxgrad_sklearn {here['onnxgrad_sklearn']} with onnxruntime {here['onnxruntime']}"
     bad = []
     for address, versions in sorted(found.items()):
@@ -291,6 +306,7 @@ def _check_workers(client) -> None:
             "onnxruntime on the workers (or fit without a distributed client: the data is "
             "then computed into memory here)."
         )
+    checked.update(w for w in new if w[0] in found)
 
 
 # the rows on the workers -----------------------------------------------------
@@ -312,11 +328,13 @@ class DaskRows:
         self.fit_id = uuid.uuid4().hex
         # the rows whose engines predict these (a validation set's: the training rows')
         self.fit = self if fit is None else fit
+        self.kind = "training rows" if fit is None else "validation set"  # in messages
         self.validation = []  # the validation sets' rows (DaskRows), closed with these
         self.spec = None  # how _prepare checks and converts the partitions
         self.parts = []  # futures of the partitions (_Part), in order
         self.index = []  # each one's partition number in X
         self.placement = {}  # worker address -> positions in self.parts
+        self.holders = {}  # key of a partition -> the workers found holding it
         # key -> [value, future]: what each worker receives once per fit (the bytes it
         # builds an engine from, a stage; local SGD's held-out rows)
         self.payloads = {}
@@ -408,16 +426,8 @@ class DaskRows:
         self.spec = spec
         stats = self._prepare_parts(xs, ys, ws, addresses, spec)
         del xs, ys, ws  # the partitions hold the data now
-        n_samples = sum(s[0] for s in stats)
-        if n_samples == 0:
-            raise ValueError(
-                f"Found array with 0 sample(s) (shape=(0, {n_features})) while a minimum "
-                f"of 1 is required by {name}."
-            )
-        if not any(s[2] for s in stats):
-            raise ValueError("Sample weights must contain at least one non-zero number.")
+        n_samples = int(self.offsets[-1])
         self.total_weight = float(sum(s[1] for s in stats))
-        self._place()
         self._rebalance()
         self.shape = (n_samples, n_features)
         self.dtype = np.dtype(dtype)
@@ -431,10 +441,13 @@ class DaskRows:
         y2d = _RowsView(self, (n_samples, spec["width"]), dtype)
         return self, y2d, _RowsView(self, (n_samples,), dtype), fitted
 
-    def _prepare_parts(self, xs, ys, ws, addresses, spec):
-        """Check and convert the blocks on the workers of X's (:func:`_prepare`), and
-        keep the partitions that have rows; return each block's rows, weight sum and
-        whether a weight is not zero (:func:`_describe`)."""
+    def _prepare_parts(self, xs, ys, ws, addresses, spec, validation=False):
+        """Check and convert the blocks on the workers of X's (:func:`_prepare`), keep
+        the partitions that have rows and place them (:meth:`_place`); return each
+        block's rows, weight sum and whether a weight is not zero (:func:`_describe`).
+
+        No rows, or weights all zero, raise what ``fit`` raises for data in memory
+        (``validation``: of a validation set)."""
         client = self.client
         parts = [
             client.submit(
@@ -460,10 +473,21 @@ class DaskRows:
         )
         kept = [i for i, s in enumerate(stats) if s[0]]  # empty partitions take no part
         self.parts = [parts[i] for i in kept]
+        # where each one is: where it was described (no who_has round trip)
+        self.holders = {parts[i].key: [stats[i][3]] for i in kept}
         self.index = kept
         # the rows are the partitions' end to end: row r is row r - offsets[k] of
         # partition k
         self.offsets = np.cumsum([0] + [stats[i][0] for i in kept])
+        if self.offsets[-1] == 0:
+            raise ValueError(
+                f"Found array with 0 sample(s) (shape=(0, {spec['n_features']})) while a "
+                f"minimum of 1 is required by {spec['name']}{' (X_val)' if validation else ''}."
+            )
+        if not any(s[2] for s in stats):
+            weights = "sample_weight_val" if validation else "Sample weights"
+            raise ValueError(f"{weights} must contain at least one non-zero number.")
+        self._place(self.holders)
         return stats
 
     def validation_set(self, est, X_val, y_val, sample_weight_val, outputs):
@@ -506,17 +530,9 @@ class DaskRows:
                     f"y_val contains labels {unknown.tolist()} that are not among the "
                     f"classes {spec['classes'].tolist()} of y."
                 )
-        stats = rows._prepare_parts(xs, ys, ws, addresses, spec)
+        rows._prepare_parts(xs, ys, ws, addresses, spec, validation=True)
         del xs, ys, ws
-        n = sum(s[0] for s in stats)
-        if n == 0:
-            raise ValueError(
-                f"Found array with 0 sample(s) (shape=(0, {spec['n_features']})) while a "
-                f"minimum of 1 is required by {spec['name']} (X_val)."
-            )
-        if not any(s[2] for s in stats):
-            raise ValueError("sample_weight_val must contain at least one non-zero number.")
-        rows._place()
+        n = int(rows.offsets[-1])
         rows.shape, rows.dtype = (n, spec["n_features"]), self.dtype
         positions = np.arange(n, dtype=np.int32 if n < 2**31 else np.intp)
         y, sample_weight = rows._gather_rows(positions)
@@ -724,31 +740,39 @@ class DaskRows:
         workers' engines of the fit (``self.fit``)."""
         fit = self.fit
         stage = fit.epochs["stage"]
-        payload = (fit.payloads[stage][1], fit.fit_id, stage, engine.get_weights())
-        return self._by_rows(positions, _predict_rows, *payload)[0]
-
-    def _by_rows(self, positions, function, *args):
-        """``function(*args, picks, *partitions)`` on each worker holding some of the
-        rows ``positions``: its arrays, put back in the order of ``positions``."""
-        picks, slots = self._picks(positions, slots=True)
-        addresses = sorted(picks)
-        found = self.client.gather(
-            [
-                self.client.submit(
-                    function,
-                    *args,
-                    picks[a],
-                    *[self.parts[k] for k in picks[a]],
-                    workers=[a],
-                    pure=False,
-                )
-                for a in addresses
-            ]
+        weights = engine.get_weights()
+        # the engine's bytes as sent last (sent again after a worker left)
+        found = self._by_rows(
+            positions,
+            _predict_rows,
+            lambda: (fit.payloads[stage][1], fit.fit_id, stage, weights),
         )
+        return found[0]
+
+    def _by_rows(self, positions, function, args=()):
+        """``function(*args, picks, *partitions)`` on each worker holding some of the
+        rows ``positions``: its arrays, put back in the order of ``positions``.
+
+        ``args``: a tuple, or a callable giving it (read again when the tasks are sent
+        again). A worker that leaves meanwhile: as in a round (:meth:`_round`), dask
+        computes its partitions again and the tasks are sent again, or an error names
+        the lost partitions.
+        """
+        slots = {}
+
+        def tasks():
+            picks, places = self._picks(positions, slots=True)
+            slots.update(places)
+            given = args() if callable(args) else args
+            return {
+                a: (function, *given, picks[a], *[self.parts[k] for k in picks[a]]) for a in picks
+            }
+
+        found = self._run(tasks, count=False)
         out = []
-        for j, first in enumerate(found[0]):
+        for j, first in enumerate(next(iter(found.values()))):
             result = np.empty((len(positions), *first.shape[1:]), dtype=first.dtype)
-            for a, values in zip(addresses, found):
+            for a, values in found.items():
                 result[slots[a]] = values[j]
             out.append(result)
         return out
@@ -769,8 +793,10 @@ class DaskRows:
 
     def _scatter(self, payload):
         """``payload`` on every worker holding partitions, of these rows or of a
-        validation set's (whose workers' engines predict it)."""
+        validation set's (whose workers' engines predict it), that is still there (the
+        placement of rows whose worker left is updated when they are next used)."""
         workers = set(self.placement).union(*(v.placement for v in self.validation))
+        workers &= set(self.client.nthreads())
         return self.client.scatter(payload, workers=sorted(workers), broadcast=True, hash=False)
 
     def sums(self, stage, weights, rows=None, ones=False):
@@ -810,7 +836,8 @@ class DaskRows:
         """
         client = self.client
         weights = [np.ascontiguousarray(w) for w in weights]
-        for attempt in itertools.count():
+
+        def tasks():  # for the placement of the moment (again after a worker left)
             payload = self.payloads[stage][1]
             data = weights
             if sum(w.nbytes for w in weights) > INLINE_BYTES:
@@ -818,25 +845,38 @@ class DaskRows:
                     [weights], workers=sorted(self.placement), broadcast=True, hash=False
                 )[0]
             if plan is not None:
-                tasks = plan(payload, data)
-            elif rows is None:
-                tasks = {
+                return plan(payload, data)
+            if rows is None:
+                return {
                     address: (_evaluate, payload, self.fit_id, stage, data)
                     + tuple(self.parts[k] for k in ks)
                     for address, ks in self.placement.items()
                 }
-            else:
-                size = self.epochs["batch_size"]
-                tasks = {
-                    address: (_batch_sums, payload, self.fit_id, stage, data, picks, size, ones)
-                    + tuple(self.parts[k] for k in picks)
-                    for address, picks in self._picks(rows).items()
-                }
+            size = self.epochs["batch_size"]
+            return {
+                address: (_batch_sums, payload, self.fit_id, stage, data, picks, size, ones)
+                + tuple(self.parts[k] for k in picks)
+                for address, picks in self._picks(rows).items()
+            }
+
+        return list(self._run(tasks).values())
+
+    def _run(self, tasks, count=True):
+        """Run the tasks ``tasks()`` gives (``{worker: (function, *arguments)}``), each
+        pinned to its worker; ``{worker: result}`` in the order of the workers'
+        addresses (``count``: counted in :attr:`tasks`).
+
+        A worker that leaves meanwhile: dask computes its partitions again
+        (:meth:`_recover`) and the tasks, made again for the new placement, are run
+        again; or an error names the partitions lost (:meth:`_lost_error`).
+        """
+        client = self.client
+        for attempt in itertools.count():
             futures = {
                 address: client.submit(
                     *task, workers=[address], allow_other_workers=False, pure=False
                 )
-                for address, task in sorted(tasks.items())
+                for address, task in sorted(tasks().items())
             }
             try:
                 results = self._gather(futures)
@@ -850,8 +890,9 @@ class DaskRows:
             except BaseException:  # an error on a worker, Ctrl-C: no task left behind
                 client.cancel(list(futures.values()))
                 raise
-            self.tasks.update(futures.keys())
-            return results
+            if count:
+                self.tasks.update(futures.keys())
+            return dict(zip(futures, results))
 
     def _gather(self, futures):
         from distributed import wait
@@ -896,10 +937,11 @@ class DaskRows:
         lost = self._lost_parts(gone)
         logger.warning(
             "dask worker(s) %s left the cluster during the fit, holding partitions %s of "
-            "the training rows: waiting up to %.0f s for dask to compute them again, then "
+            "the %s: waiting up to %.0f s for dask to compute them again, then "
             "the evaluation is repeated.",
             ", ".join(sorted(gone)),
             lost,
+            self.kind,
             RECOVERY_S,
         )
         deadline = time.monotonic() + RECOVERY_S
@@ -922,13 +964,18 @@ class DaskRows:
                 break
             time.sleep(0.2)
         self._place(holders, alive)
-        for entry in self.payloads.values():  # what the workers were sent, where it is needed
-            entry[1] = self._scatter(entry[0])
+        # what the workers were sent, where it is needed (a validation set's workers
+        # receive the fit's)
+        for entry in self.fit.payloads.values():
+            entry[1] = self.fit._scatter(entry[0])
+        if self.fit is not self:
+            for entry in self.payloads.values():
+                entry[1] = self._scatter(entry[0])
         logger.info("partitions %s are back: the evaluation is repeated.", lost)
 
     def _lost_error(self, gone, parts):
         return DaskWorkerLostError(
-            f"Partitions {parts} of the training rows were on the dask worker(s) "
+            f"Partitions {parts} of the {self.kind} were on the dask worker(s) "
             f"{', '.join(sorted(gone))}, which left the cluster during the fit, and dask "
             f"could not compute them again within {RECOVERY_S:.0f} s (data scattered "
             "or loaded from this process cannot be computed again; rows made by a dask "
@@ -956,9 +1003,9 @@ class DaskRows:
         """Drop the engines on the workers and release the partitions (a validation
         set's too)."""
         client = self.client
-        if self.fit is self:
+        if self.fit is self:  # not waited for: nothing here depends on it
             with contextlib.suppress(Exception):
-                client.run(_forget, self.fit_id, on_error="ignore")
+                client.run(_forget, self.fit_id, on_error="ignore", wait=False)
         for rows in self.validation:
             rows.close()
         self.validation = []
@@ -1399,8 +1446,12 @@ def _first_rows(part, n):
 
 
 def _describe(part):
-    """Rows, weight sum (float64) and whether any weight is not zero, of a partition."""
-    return part.X.shape[0], float(np.sum(part.sw, dtype=np.float64)), bool(np.any(part.sw))
+    """Rows, weight sum (float64) and whether any weight is not zero, of a partition, and
+    the worker that holds it (this one)."""
+    from distributed import get_worker
+
+    weight = float(np.sum(part.sw, dtype=np.float64))
+    return part.X.shape[0], weight, bool(np.any(part.sw)), get_worker().address
 
 
 def _moments(part):

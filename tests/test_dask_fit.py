@@ -4,6 +4,7 @@ One LocalCluster of 2 worker processes (1 thread each) serves the module; the te
 that kill a worker come last.
 """
 
+import contextlib
 import functools
 import logging
 import os
@@ -444,21 +445,26 @@ def gathered(monkeypatch):
     return shapes, recording
 
 
-@pytest.mark.parametrize("kind", ["regressor", "binary"])
-def test_a_dask_validation_set_is_scored_on_the_workers(client, kind, caplog):
-    """X_val, y_val and sample_weight_val as dask arrays, sync_every=1: the epochs and
-    validation scores of the fit in memory; the validation rows are predicted where
-    they are, each once an epoch."""
+def _early_stopping_case(kind, rows):
+    """Early stopping's parameters, the estimator's maker and the data (diabetes for a
+    regressor, ``rows`` binary rows for a classifier)."""
     params = dict(
         optimizer="adam", max_iter=40, early_stopping=True, tol=0.01, n_iter_no_change=2,
         learning_rate_init=0.01, random_state=0,
     )  # fmt: skip
     if kind == "regressor":
-        X, y = diabetes()
         make = functools.partial(OrtGradientRegressor, MLPRegressor(hidden_layer_sizes=(8,)))
-    else:
-        X, y = binary_data(1200, 5, seed=8)
-        make = functools.partial(OrtGradientClassifier, MLPClassifier(hidden_layer_sizes=(8,)))
+        return params, make, *diabetes()
+    make = functools.partial(OrtGradientClassifier, MLPClassifier(hidden_layer_sizes=(8,)))
+    return params, make, *binary_data(rows, 5, seed=8)
+
+
+@pytest.mark.parametrize("kind", ["regressor", "binary"])
+def test_a_dask_validation_set_is_scored_on_the_workers(client, kind, caplog):
+    """X_val, y_val and sample_weight_val as dask arrays, sync_every=1: the epochs and
+    validation scores of the fit in memory; the validation rows are predicted where
+    they are, each once an epoch."""
+    params, make, X, y = _early_stopping_case(kind, 1200)
     X, X_val, y, y_val = X[100:], X[:100], y[100:], y[:100]
     sw_val = np.random.RandomState(0).uniform(0.5, 2.0, 100)
     sw_val[:40] = 0  # a partition of weights all zero is one of a validation set
@@ -708,16 +714,7 @@ def test_partial_fit_makes_one_pass_on_the_workers(client):
 def test_early_stopping_split_on_the_workers(client, kind):
     """The split holds out the rows a fit in memory holds out (stratified for a binary
     classifier); the held-out rows are predicted where they are at each epoch."""
-    params = dict(
-        optimizer="adam", max_iter=40, early_stopping=True, tol=0.01, n_iter_no_change=2,
-        learning_rate_init=0.01, random_state=0,
-    )  # fmt: skip
-    if kind == "regressor":
-        X, y = diabetes()
-        make = functools.partial(OrtGradientRegressor, MLPRegressor(hidden_layer_sizes=(8,)))
-    else:
-        X, y = binary_data(900, 5, seed=8)
-        make = functools.partial(OrtGradientClassifier, MLPClassifier(hidden_layer_sizes=(8,)))
+    params, make, X, y = _early_stopping_case(kind, 900)
     before = served(client)
     got = make(**params).fit(da.from_array(X, chunks=150), da.from_array(y, chunks=150))
     assert sum(served(client).values()) > sum(before.values())
@@ -905,4 +902,46 @@ def test_lost_rows_that_cannot_be_computed_again_raise(client, monkeypatch):
     with pytest.raises(_dask.DaskWorkerLostError, match=r"Partitions \[\d"):
         OrtGradientClassifier(LogisticRegression()).fit(Xd, y)
     assert killed and time.monotonic() - killed[0][1] < 40
+    client.wait_for_workers(2, timeout=60)
+
+
+def test_a_worker_lost_while_the_validation_set_is_predicted(client, monkeypatch):
+    """A worker exits as the validation rows are about to be predicted (they and the
+    training rows made by dask graphs): dask computes them again, the prediction and
+    the rounds are repeated, and the fit ends as the one that lost no worker."""
+    client.wait_for_workers(2, timeout=60)
+    rng = da.random.RandomState(11)
+    X = rng.standard_normal((3000, 6), chunks=(500, 6)).astype("f4")
+    y = X[:, 0] - 2 * X[:, 3] + 0.1
+    X_val = rng.standard_normal((600, 6), chunks=(150, 6)).astype("f4")
+    y_val = X_val[:, 0] - 2 * X_val[:, 3] + 0.1
+    params = dict(
+        optimizer="adam", max_iter=4, batch_size=256, early_stopping=True,
+        n_iter_no_change=10, random_state=0,
+    )  # fmt: skip
+    template = MLPRegressor(hidden_layer_sizes=(8,))
+    with pytest.warns(ConvergenceWarning):
+        expected = OrtGradientRegressor(template, **params).fit(X, y, X_val=X_val, y_val=y_val)
+    original, killed = _dask.DaskRows.predict_rows, []
+
+    def predict_rows(self, engine, positions):
+        if self.fit is not self and not killed and self.fit.rounds > 12:  # 2nd epoch
+            address = sorted(self.placement)[0]
+            killed.append((address, time.monotonic()))
+            with contextlib.suppress(Exception):
+                client.run(os._exit, 1, workers=[address])
+        return original(self, engine, positions)
+
+    monkeypatch.setattr(_dask.DaskRows, "predict_rows", predict_rows)
+    got = OrtGradientRegressor(template, **params)
+    fit = threading.Thread(
+        target=got.fit, args=(X, y), kwargs=dict(X_val=X_val, y_val=y_val), daemon=True
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        fit.start()
+        fit.join(timeout=180)
+    assert killed and not fit.is_alive()  # never hangs
+    np.testing.assert_allclose(got.validation_scores_, expected.validation_scores_, rtol=1e-5)
+    np.testing.assert_allclose(mlp_weights(got), mlp_weights(expected), rtol=1e-4, atol=1e-5)
     client.wait_for_workers(2, timeout=60)
