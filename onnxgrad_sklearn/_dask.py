@@ -1005,7 +1005,7 @@ class DaskRows:
         client = self.client
         if self.fit is self:  # not waited for: nothing here depends on it
             with contextlib.suppress(Exception):
-                client.run(_forget, self.fit_id, on_error="ignore", wait=False)
+                client.run(_forget_soon, self.fit_id, on_error="ignore", wait=False)
         for rows in self.validation:
             rows.close()
         self.validation = []
@@ -1633,6 +1633,18 @@ def _forget(fit_id):
         for cache in (_ENGINES, _ORDERS):
             for key in [k for k in cache if k[0] == fit_id]:
                 del cache[key]
+
+
+async def _forget_soon(fit_id):
+    """:func:`_forget`, in the worker's event loop (``client.run`` does not wait for a
+    coroutine function with ``wait=False``)."""
+    _forget(fit_id)
+
+
+def _engines():
+    """The engines and local-SGD orders this process keeps (``client.run``)."""
+    with _ENGINES_LOCK:
+        return len(_ENGINES) + len(_ORDERS)
 
 
 def _served():

@@ -140,6 +140,11 @@ def test_lbfgs_binary_float32_matches_one_machine(client):
     after = served(client)
     # one task per worker and evaluation, on both workers
     assert all(after[a] > before.get(a, 0) for a in after), (before, after)
+    # the fit's engines are dropped from the workers once it returns (not waited for)
+    deadline = time.monotonic() + 10
+    while any(client.run(_dask._engines).values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(client.run(_dask._engines).values())
 
 
 def test_poisson_float64_from_a_dataframe(client):
