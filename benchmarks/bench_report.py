@@ -459,5 +459,9 @@ def write(doc: dict, out: str) -> tuple[str, str]:
     with open(json_path, "w") as f:
         json.dump(doc, f, indent=1)
     png_path = os.path.join(out, "benchmark.png")
-    plot(doc, png_path)
+    try:
+        plot(doc, png_path)
+    except ImportError as exc:  # the figures are in the JSON and the printed report
+        print(f"no plot ({exc}): pip install matplotlib to draw {png_path}")
+        png_path = None
     return json_path, png_path
