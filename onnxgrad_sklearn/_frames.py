@@ -39,7 +39,6 @@ def needs_raw_columns(template, X) -> bool:
     final model when one of them is a ``ColumnTransformer`` (columns selected by
     name, per-column encoders) or a column of the frame is not numeric.
     """
-    from sklearn.compose import ColumnTransformer
     from sklearn.pipeline import Pipeline
 
     if not is_pandas_frame(X) or not isinstance(template, Pipeline) or len(template.steps) < 2:
@@ -47,7 +46,10 @@ def needs_raw_columns(template, X) -> bool:
     head = [step for _, step in template.steps[:-1] if step not in (None, "passthrough")]
     if not head:
         return False
-    if any(isinstance(step, ColumnTransformer) for step in head):
+    # a ColumnTransformer's module is imported where there is one (importing it for
+    # the check would import scikit-learn's linear models)
+    compose = sys.modules.get("sklearn.compose")
+    if compose is not None and any(isinstance(s, compose.ColumnTransformer) for s in head):
         return True
     return any(column_kind(dtype) == STRING for dtype in X.dtypes)
 

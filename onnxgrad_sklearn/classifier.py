@@ -6,7 +6,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from sklearn.base import ClassifierMixin
-from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import accuracy_score
 from sklearn.preprocessing import LabelBinarizer
 from sklearn.utils._available_if import available_if
@@ -168,6 +167,8 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
 
     # hooks of the shared fit ----------------------------------------------
     def _default_estimator(self):
+        from sklearn.linear_model import LogisticRegression  # imported when used
+
         return LogisticRegression()
 
     def _validate_targets(self, y, first_call, incremental=False, classes=None):

@@ -24,6 +24,7 @@ docs/extending.md.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -845,15 +846,21 @@ def _identity_mlp(est):
     return reg
 
 
+@functools.cache
+def _mlp_families() -> dict[type, Family]:
+    """The MLPs' families: looked up without importing the linear models' modules."""
+    from sklearn import neural_network as nn
+
+    return {nn.MLPRegressor: _MLPRegressor(), nn.MLPClassifier: _MLPClassifier()}
+
+
 def _registry() -> dict[type, Family]:
     from sklearn import linear_model as lm
-    from sklearn import neural_network as nn
     from sklearn import svm
 
     least_squares = _LeastSquares()
     entries = {
-        nn.MLPRegressor: _MLPRegressor(),
-        nn.MLPClassifier: _MLPClassifier(),
+        **_mlp_families(),
         lm.SGDRegressor: _SGDRegressor(),
         lm.HuberRegressor: _HuberRegressor(),
         lm.QuantileRegressor: _QuantileRegressor(),
@@ -904,7 +911,8 @@ def families() -> dict[type, Family]:
 
 def family_of(est) -> Family | None:
     """Return the family of ``est`` (an exact registered class), or None."""
-    return families().get(type(est))
+    found = _mlp_families().get(type(est))  # without sklearn.linear_model's import
+    return found if found is not None else families().get(type(est))
 
 
 def supported_names(task: str | None = None) -> list[str]:

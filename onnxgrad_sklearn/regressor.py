@@ -6,7 +6,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from sklearn.base import RegressorMixin
-from sklearn.linear_model import LinearRegression
 from sklearn.metrics import r2_score
 from sklearn.utils._available_if import available_if
 from sklearn.utils._param_validation import StrOptions
@@ -116,6 +115,8 @@ class OrtGradientRegressor(RegressorMixin, BaseOrtGradient):
     _task = "regression"
 
     def _default_estimator(self):
+        from sklearn.linear_model import LinearRegression  # imported when used
+
         return LinearRegression()
 
     def _validate_targets(self, y, first_call, incremental=False, classes=None):
