@@ -156,7 +156,9 @@ BaseOptimizer, default="auto"
         receive (``cpu_count() // n_jobs`` in ``GridSearchCV(n_jobs=...)``), and
         one thread inside a joblib thread worker. So a parallel search does not
         oversubscribe the CPUs. A positive number: that many threads. ``-1``:
-        every CPU (within the limit), ``-2`` all but one, as in joblib.
+        every CPU (within the limit), ``-2`` all but one, as in joblib. In
+        joblib's process workers, which share the CPUs, the runtime's threads
+        sleep between kernels instead of spinning.
     sync_every : int, default=1
         Only for a mini-batch fit on a dask cluster (docs/dask.md): with 1, each
         step's batch is summed where its rows are and makes one update, the

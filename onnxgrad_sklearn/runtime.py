@@ -325,6 +325,10 @@ def session_options(threads: int = 0) -> onnxruntime.SessionOptions:
     so.log_severity_level = 3
     if threads:
         so.intra_op_num_threads = threads
+    if threads != 1 and _in_joblib_worker_process():
+        # beside its sibling workers on the same cores, the runtime's threads sleep
+        # between kernels instead of spinning (docs/performance.md, "Threads")
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     for hook in SESSION_OPTIONS_HOOKS:
         hook(so, threads)
     return so
@@ -378,6 +382,14 @@ def inner_thread_limit() -> int | None:
         limits.append(1)
     limit = min(limits, default=None)
     return limit if limit is not None and limit < cpu_count() else None
+
+
+def _in_joblib_worker_process() -> bool:
+    """Whether this process is one of joblib's process workers (loky's ``LokyProcess``:
+    ``GridSearchCV(n_jobs=...)``, ``cross_validate``), which run beside each other."""
+    import multiprocessing
+
+    return type(multiprocessing.current_process()).__name__ == "LokyProcess"
 
 
 def _in_joblib_worker_thread() -> bool:

@@ -126,6 +126,24 @@ def test_joblib_workers_get_the_inner_thread_limit():
     assert [est._intra_op_threads for est in cv["estimator"]] == [expected] * 2
 
 
+def _spinning(threads):
+    from onnxgrad_sklearn.runtime import session_options
+
+    try:
+        return session_options(threads).get_session_config_entry("session.intra_op.allow_spinning")
+    except RuntimeError:  # not set: the runtime's default (spinning)
+        return None
+
+
+def test_sessions_of_joblib_worker_processes_do_not_spin():
+    """Beside its sibling workers (OMP_NUM_THREADS=2 set by the user, which loky keeps),
+    a worker's pool threads sleep between kernels; one thread has no pool; a process
+    of its own keeps the runtime's default."""
+    assert _spinning(2) is None
+    found = Parallel(n_jobs=2)(delayed(_spinning)(t) for t in (2, 0, 1))
+    assert found == ["0", "0", None]
+
+
 @pytest.mark.parametrize("Estimator", [OrtGradientRegressor, OrtGradientClassifier])
 def test_n_jobs_zero_is_refused_and_n_jobs_is_a_parameter(Estimator):
     assert Estimator(n_jobs=3).get_params()["n_jobs"] == 3
