@@ -797,7 +797,11 @@ class DaskRows:
         placement of rows whose worker left is updated when they are next used)."""
         workers = set(self.placement).union(*(v.placement for v in self.validation))
         workers &= set(self.client.nthreads())
-        return self.client.scatter(payload, workers=sorted(workers), broadcast=True, hash=False)
+        # in a list: a dict given alone would be scattered under its own keys, shared
+        # by every fit on the cluster
+        return self.client.scatter([payload], workers=sorted(workers), broadcast=True, hash=False)[
+            0
+        ]
 
     def sums(self, stage, weights, rows=None, ones=False):
         """``(loss * weight, [gradient * weight])`` of every chunk of rows with a non-zero

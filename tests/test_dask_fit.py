@@ -730,6 +730,19 @@ def test_early_stopping_split_on_the_workers(client, kind):
     np.testing.assert_allclose(mlp_weights(got), mlp_weights(expected), rtol=1e-4, atol=1e-5)
 
 
+def test_what_the_workers_receive_once_is_one_value_of_its_own_key(client):
+    """A dict (local SGD's held-out rows by partition) is sent as one value, under a key
+    of this fit's, not scattered under its own keys, which every fit would share."""
+    rows = _dask.DaskRows(client, da.zeros((4, 2), chunks=2))
+    rows.placement = {address: [0] for address in client.nthreads()}
+    sent = {0: np.arange(3), 3: np.arange(2)}
+    future = rows.payloads[rows.register(sent)][1]
+    assert isinstance(future, distributed.Future) and future.key not in (0, 3)
+    got = future.result()
+    assert sorted(got) == [0, 3] and got[0].tolist() == [0, 1, 2]
+    rows.close()
+
+
 def test_local_sgd_with_a_held_out_split_trains_on_the_workers(client, caplog, monkeypatch):
     """sync_every=4 with early stopping's split: the rows a fit in memory holds out are
     held out on the workers, scored there, and never trained on."""
