@@ -283,6 +283,18 @@ def ratio(a, b):
     return None if a is None or b in (None, 0) else a / b
 
 
+def _timed(fun, times):
+    """``fun``, appending the seconds of each call to ``times``."""
+
+    def timed(x, *a):
+        t0 = time.perf_counter()
+        out = fun(x, *a)
+        times.append(time.perf_counter() - t0)
+        return out
+
+    return timed
+
+
 @contextlib.contextmanager
 def watch_minimize(before_first=None):
     """Record each ``scipy.optimize.minimize`` call's ``nfev``, ``nit`` and the time of
@@ -294,13 +306,7 @@ def watch_minimize(before_first=None):
 
     def wrapper(fun, x0, *args, **kwargs):
         times = []
-
-        def timed(x, *a):
-            t0 = time.perf_counter()
-            out = fun(x, *a)
-            times.append(time.perf_counter() - t0)
-            return out
-
+        timed = _timed(fun, times)
         if before_first is not None and not calls:
             before_first(fun, np.array(x0, dtype=np.float64))
         result = real(timed, x0, *args, **kwargs)
@@ -325,13 +331,7 @@ def watch_dask_glm():
 
     def wrapper(func, x0, *args, **kwargs):
         times = []
-
-        def timed(x, *a):
-            t0 = time.perf_counter()
-            out = func(x, *a)
-            times.append(time.perf_counter() - t0)
-            return out
-
+        timed = _timed(func, times)
         beta, value, info = real(timed, x0, *args, **kwargs)
         calls.append(
             {

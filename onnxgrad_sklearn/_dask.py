@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import sys
@@ -1343,12 +1344,22 @@ class _Part:
             yield loss * weight, [g * weight for g in grads]
 
 
+@functools.cache
+def _all_zero_weights_allowed() -> dict:
+    """What lets ``_check_sample_weight`` take weights that are all zero (a partition's
+    may be: the client checks the whole): recent scikit-learn refuses them unless told."""
+    import inspect
+
+    from sklearn.utils.validation import _check_sample_weight
+
+    found = "allow_all_zero_weights" in inspect.signature(_check_sample_weight).parameters
+    return {"allow_all_zero_weights": True} if found else {}
+
+
 def _prepare(index, x, y, w, spec):
     """A partition checked as ``fit`` checks data in memory, in the training dtype, y
     encoded (one-hot over the classes), the class weights applied. Its weights may all
     be zero: the client checks that some weight of the rows is not."""
-    import inspect
-
     from sklearn.utils.validation import _check_sample_weight, _check_y, _num_samples, check_array
 
     dtype, name = spec["dtype"], spec["name"]
@@ -1387,10 +1398,7 @@ def _prepare(index, x, y, w, spec):
     else:
         y2d = np.ascontiguousarray(y.reshape(n, -1), dtype=np.float64)
     y2d = np.ascontiguousarray(y2d, dtype=dtype)
-    zeros = {}  # recent scikit-learn refuses weights that are all zero unless told
-    if "allow_all_zero_weights" in inspect.signature(_check_sample_weight).parameters:
-        zeros["allow_all_zero_weights"] = True
-    sw = _check_sample_weight(w, X, dtype=dtype, **zeros)
+    sw = _check_sample_weight(w, X, dtype=dtype, **_all_zero_weights_allowed())
     if spec["class_weight"] is not None:  # as compute_sample_weight on all the labels
         present, weights = spec["class_weight"]
         labels = spec["classes"][y2d.argmax(axis=1)]
