@@ -72,8 +72,12 @@ POLL_S = 1.0
 RECOVERY_S = 60.0
 #: Times one evaluation is repeated after a loss of workers, at most.
 MAX_RECOVERIES = 3
-#: Weights of more bytes than this are scattered once per round, not put in each task.
-INLINE_BYTES = 1 << 20
+#: What a task of a round carries (weights, the row numbers of a batch) in more bytes
+#: than this is scattered to its workers instead. What tasks carry passes through the
+#: scheduler, which keeps the last messages to each worker (as the client keeps the last
+#: it sent: ``distributed.admin.low-level-log-length``, 1000 by default): bytes in tasks
+#: stay in both processes' memory long after the round.
+INLINE_BYTES = 64 << 10
 
 
 class DaskWorkerLostError(RuntimeError):
@@ -335,6 +339,8 @@ class DaskRows:
         self.parts = []  # futures of the partitions (_Part), in order
         self.index = []  # each one's partition number in X
         self.placement = {}  # worker address -> positions in self.parts
+        self.version = 0  # of the placement: what was sent for one is sent again
+        self._pinned = None  # (positions, version, {worker: future}): _by_rows's picks
         self.holders = {}  # key of a partition -> the workers found holding it
         # key -> [value, future]: what each worker receives once per fit (the bytes it
         # builds an engine from, a stage; local SGD's held-out rows)
@@ -674,6 +680,7 @@ class DaskRows:
         for k, address in enumerate(_spread(where, np.diff(self.offsets))):
             placement.setdefault(address, []).append(k)
         self.placement = placement
+        self.version += 1
 
     # the objective -----------------------------------------------------------
     def objective(self, est, loss, engine, penalized, alpha, l1_ratio, l1=0.0):
@@ -765,8 +772,9 @@ class DaskRows:
             picks, places = self._picks(positions, slots=True)
             slots.update(places)
             given = args() if callable(args) else args
+            sent = self._pin(positions, picks)
             return {
-                a: (function, *given, picks[a], *[self.parts[k] for k in picks[a]]) for a in picks
+                a: (function, *given, sent[a], *[self.parts[k] for k in picks[a]]) for a in picks
             }
 
         found = self._run(tasks, count=False)
@@ -777,6 +785,25 @@ class DaskRows:
                 result[slots[a]] = values[j]
             out.append(result)
         return out
+
+    def _pin(self, positions, picks):
+        """``picks`` (``{worker: {partition: row numbers}}``) of the rows ``positions``
+        as the tasks carry them: a worker's picks of more than ``INLINE_BYTES`` are
+        scattered to it, once for the same ``positions`` and placement (the validation
+        rows, predicted at each epoch)."""
+        pinned = self._pinned
+        if pinned is not None and pinned[0] is positions and pinned[1] == self.version:
+            return pinned[2]
+        sent = {
+            a: self._send(p, a) if sum(i.nbytes for i in p.values()) > INLINE_BYTES else p
+            for a, p in picks.items()
+        }
+        self._pinned = (positions, self.version, sent)
+        return sent
+
+    def _send(self, value, address):
+        """``value`` scattered to the worker ``address`` alone (its future)."""
+        return self.client.scatter([value], workers=[address], hash=False)[0]
 
     def batches(self, order):
         """The batches of an epoch in ``order`` (``_loops._batches``)."""
@@ -832,9 +859,10 @@ class DaskRows:
         """One task per worker holding partitions, pinned to it; their results, in the
         order of the workers' addresses.
 
-        ``rows``: the positions of the rows of a batch (None: every row, each worker
-        its chunks' sums, :func:`_evaluate`); each worker then sums over its rows of
-        the batch (:func:`_batch_sums`), with weights of one if ``ones``. Workers
+        ``rows``: the positions of the rows of a batch, or its window of the epoch's
+        shares (:class:`_Window`; None: every row, each worker its chunks' sums,
+        :func:`_evaluate`); each worker then sums over its rows of the batch
+        (:func:`_batch_sums`), with weights of one if ``ones``. Workers
         without rows in the batch take no part. ``plan``: a callable giving, for the
         current placement, ``{worker: (function, *arguments, *partitions)}`` of a
         round of local steps (``weights`` then holds the weights and the state).
@@ -858,8 +886,15 @@ class DaskRows:
                     for address, ks in self.placement.items()
                 }
             size = self.epochs["batch_size"]
+            if isinstance(rows, _Window):
+                return {
+                    address: (_batch_sums, payload, self.fit_id, stage, data, share, rows.bounds)
+                    + (size, ones)
+                    + tuple(self.parts[k] for k in ks)
+                    for address, share, ks in rows.shares.tasks(*rows.bounds)
+                }
             return {
-                address: (_batch_sums, payload, self.fit_id, stage, data, picks, size, ones)
+                address: (_batch_sums, payload, self.fit_id, stage, data, picks, None, size, ones)
                 + tuple(self.parts[k] for k in picks)
                 for address, picks in self._picks(rows).items()
             }
@@ -877,13 +912,12 @@ class DaskRows:
         """
         client = self.client
         for attempt in itertools.count():
-            futures = {
-                address: client.submit(
-                    *task, workers=[address], allow_other_workers=False, pure=False
-                )
-                for address, task in sorted(tasks().items())
-            }
+            futures = {}
             try:
+                for address, task in sorted(self._made(tasks).items()):
+                    futures[address] = client.submit(
+                        *task, workers=[address], allow_other_workers=False, pure=False
+                    )
                 results = self._gather(futures)
             except _WorkersLost as lost:
                 client.cancel(list(futures.values()))
@@ -898,6 +932,21 @@ class DaskRows:
             if count:
                 self.tasks.update(futures.keys())
             return dict(zip(futures, results))
+
+    def _made(self, tasks):
+        """``tasks()``; a worker of the placement that leaves as they are made (what is
+        scattered to it fails): :class:`_WorkersLost`, once the scheduler knows it."""
+        try:
+            return tasks()
+        except Exception:
+            deadline = time.monotonic() + 2 * POLL_S
+            while True:
+                gone = set(self.placement) - set(self.client.nthreads())
+                if gone:
+                    raise _WorkersLost(gone) from None
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
 
     def _gather(self, futures):
         from distributed import wait
@@ -1017,7 +1066,7 @@ class DaskRows:
         futures = self.parts + [entry[1] for entry in self.payloads.values()]
         with contextlib.suppress(Exception):
             client.cancel(futures)
-        self.parts, self.payloads = [], {}
+        self.parts, self.payloads, self._pinned = [], {}, None
         if self.rounds:
             logger.info(
                 "fit on the dask cluster: %d rounds; tasks per worker: %s",
@@ -1067,13 +1116,32 @@ class _DaskBatches:
 
     def __init__(self, rows, order, training=None):
         self.rows, self.order, self.training = rows, order, training
+        self.shares = None
 
-    def _sums(self, engine, batch, ones=False):
-        """The batch's loss and gradients at the current weights (None: weights sum to 0)."""
+    def _positions(self, batch, shared):
+        """What the round is told of the batch's rows: their numbers, or with ``shared``
+        where a batch has more row numbers than a task carries (``INLINE_BYTES``) and
+        the epoch more than one batch, the batch's window of the epoch's rows, each
+        worker having been sent its share once (:class:`_Shares`)."""
         rows = self.rows
+        n = rows.shape[0] if self.training is None else len(self.training)
+        size = rows.epochs["batch_size"]
+        if shared and size * 8 > INLINE_BYTES and n > size:
+            if self.shares is None:
+                epoch = np.arange(n) if self.order is None else self.order
+                if self.training is not None:
+                    epoch = self.training[epoch]
+                self.shares = _Shares(rows, epoch)
+            return _Window(self.shares, (batch.start, batch.stop))
         positions = np.arange(batch.start, batch.stop) if self.order is None else self.order[batch]
         if self.training is not None:  # the rows early stopping's split leaves to train on
             positions = self.training[positions]
+        return positions
+
+    def _sums(self, engine, batch, ones=False, shared=True):
+        """The batch's loss and gradients at the current weights (None: weights sum to 0)."""
+        rows = self.rows
+        positions = self._positions(batch, shared)
         weights = engine.get_weights()
         found = [r for r in rows.sums(rows.epochs["stage"], weights, positions, ones) if r]
         total = sum(r[0] for r in found)
@@ -1106,8 +1174,60 @@ class _DaskBatches:
     def is_finite(self, engine, rows):
         if not engine.weights_finite():
             return False
-        found = self._sums(engine, rows, ones=True)
+        found = self._sums(engine, rows, ones=True, shared=False)  # once, after the fit
         return found is None or bool(np.isfinite(found[0]))
+
+
+class _Shares:
+    """The rows of an epoch (``positions``: their numbers in the epoch's order) as the
+    workers receive them where a batch has more row numbers than a task carries: each
+    worker is sent its share once per epoch (and again for a new placement), ``(its
+    rows' positions in the epoch, each one's partition among the worker's, its number
+    there)``; a step's task names only the batch's window ``[start, stop)`` of the epoch
+    (:func:`_window_picks`), which gives the worker the picks the client would send."""
+
+    def __init__(self, rows, positions):
+        self.rows, self.positions = rows, positions
+        self.version, self.owner, self.sent = None, None, {}
+
+    def _send(self):
+        rows = self.rows
+        if self.version == rows.version:
+            return
+        addresses = sorted(rows.placement)
+        worker_of = np.empty(len(rows.parts), dtype=np.int32)
+        slot_of = np.empty(len(rows.parts), dtype=np.int32)
+        for w, a in enumerate(addresses):
+            ks = sorted(rows.placement[a])
+            worker_of[ks], slot_of[ks] = w, np.arange(len(ks))
+        offsets = rows.offsets
+        owner = worker_of[np.searchsorted(offsets, self.positions, side="right") - 1]
+        small = np.int32 if offsets[-1] < 2**31 else np.int64
+        self.sent = {}
+        for w, a in enumerate(addresses):
+            where = np.flatnonzero(owner == w)
+            mine = self.positions[where]
+            part = np.searchsorted(offsets, mine, side="right") - 1
+            share = (where.astype(small), slot_of[part], (mine - offsets[part]).astype(small))
+            self.sent[a] = rows._send(share, a)
+        self.owner, self.addresses, self.version = owner, addresses, rows.version
+
+    def tasks(self, start, stop):
+        """``(worker, its share's future, its partitions)`` of each worker holding rows
+        of the window ``[start, stop)``."""
+        self._send()
+        placement = self.rows.placement
+        return [
+            (a, self.sent[a], sorted(placement[a]))
+            for a in (self.addresses[w] for w in np.unique(self.owner[start:stop]))
+        ]
+
+
+class _Window:
+    """The batch ``[start, stop)`` of an epoch's rows sent as :class:`_Shares`."""
+
+    def __init__(self, shares, bounds):
+        self.shares, self.bounds = shares, bounds
 
 
 class _TrainingRows:
@@ -1545,13 +1665,28 @@ def _evaluate(payload, fit_id, stage, weights, *parts):
     return out
 
 
-def _batch_sums(payload, fit_id, stage, weights, picks, size, ones, *parts):
+def _window_picks(share, bounds, parts):
+    """The partitions and picks (``{partition: row numbers}``) of this worker's rows in
+    the window ``bounds`` of an epoch whose rows it was sent as ``share`` (see
+    :class:`_Shares`): the rows in the batch's order, partition by partition."""
+    where, slots, local = share
+    i, j = np.searchsorted(where, bounds)
+    slots, local = slots[i:j], local[i:j]
+    used = np.unique(slots)
+    return [parts[s] for s in used], {int(s): local[slots == s] for s in used}
+
+
+def _batch_sums(payload, fit_id, stage, weights, picks, bounds, size, ones, *parts):
     """``(weight, loss * weight, [gradient * weight in float64])`` of this worker's rows
-    of a batch (``picks``: row numbers in each of ``parts``), or None for weights
-    summing to zero; ``ones``: weights of one. The rows are padded with rows of weight
-    zero to a multiple of an eighth of the batch ``size``: a standard-backend engine
-    then makes few graphs (one per number of rows)."""
+    of a batch (``picks``: row numbers in each of ``parts``; with ``bounds``, this
+    worker's share of the epoch's rows, of which the batch is the window ``bounds``:
+    :func:`_window_picks`), or None for weights summing to zero; ``ones``: weights of
+    one. The rows are padded with rows of weight zero to a multiple of an eighth of the
+    batch ``size``: a standard-backend engine then makes few graphs (one per number of
+    rows)."""
     engine = _engine(payload, fit_id, stage)
+    if bounds is not None:
+        parts, picks = _window_picks(picks, bounds, parts)
     X, y, sw = _take(parts, picks)
     if ones:
         sw = np.ones_like(sw)
