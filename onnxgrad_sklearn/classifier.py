@@ -28,15 +28,28 @@ if TYPE_CHECKING:
 __all__ = ["OrtGradientClassifier"]
 
 
+def single_logit(loss) -> bool:
+    """Whether a binary problem's ``loss`` takes the one logit ``z`` (``LogLoss``
+    itself: ``softplus(z) - t * z``), not a zero logit added before it."""
+    return type(loss) is LogLoss
+
+
 class _LogitLoss(BaseLoss):
     """The classifier's loss on its logits: what the loss receives, and how.
 
-    The training graph gives the loss one logit per class, with a zero logit
-    for the first class of a binary problem (so that ``softmax([0, z])`` is
-    ``sigmoid(z)``), and one-hot targets of the same width. Margin losses
-    (hinge, ...) of a binary problem receive the second column of both, as
-    scikit-learn's binary linear models score one column. With ``signed``
-    (RidgeClassifier), the targets become -1/+1 for a squared error.
+    The trained graph gives one logit per class, one for a binary problem, and the
+    targets are one-hot, two columns for a binary problem. A loss receives one
+    logit per class: a binary problem's first class gets a zero logit (so that
+    ``softmax([0, z])`` is ``sigmoid(z)``). Margin losses (hinge, ...) of a binary
+    problem receive ``z`` and the second column of the targets, as scikit-learn's
+    binary linear models score one column. With ``signed`` (RidgeClassifier), the
+    targets become -1/+1 for a squared error.
+
+    The log-loss of a binary problem (:class:`LogLoss` itself, :func:`single_logit`)
+    is computed from ``z`` alone as ``softplus(z) - t * z`` with ``t`` the second
+    class's target, which equals ``-sum_k t_k * log_softmax([0, z])_k``: a
+    ``LogSoftmax`` over two columns costs several times the rest of a linear model's
+    graph.
     """
 
     def __init__(self, loss=None, binary=False, signed=False):
@@ -48,15 +61,25 @@ class _LogitLoss(BaseLoss):
     def rowwise(self):
         return self.loss.rowwise
 
+    @property
+    def target_width(self):
+        """The width of the targets where it is not the prediction's (a binary
+        problem's: 2 one-hot columns for one logit), or None."""
+        return 2 if self.binary else None
+
     def smoothed(self, width):
         inner = self.loss.smoothed(width)
         return None if inner is None else _LogitLoss(inner, self.binary, self.signed)
 
     def build(self, g: GraphBuilder, y_pred: str, y_true: str) -> str:
-        if self.binary and (self.signed or isinstance(self.loss, _losses._MarginLoss)):
+        if self.binary:  # y_pred: the one logit z; y_true: two one-hot columns
             second = [g.const([k], np.int64) for k in (1, 2, 1)]
-            y_pred = g.op("Slice", y_pred, *second)
-            y_true = g.op("Slice", y_true, *second)
+            if single_logit(self.loss):
+                return OneVsRestLogLoss().build(g, y_pred, g.op("Slice", y_true, *second))
+            if self.signed or isinstance(self.loss, _losses._MarginLoss):
+                y_true = g.op("Slice", y_true, *second)  # as the binary linear models
+            else:
+                y_pred = g.op("Concat", g.mul(y_pred, g.const(0.0)), y_pred, axis=1)
         if self.signed:
             y_true = g.sub(g.mul(y_true, g.const(2.0)), g.const(1.0))
         return self.loss.build(g, y_pred, y_true)
@@ -317,16 +340,6 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         if type(final).__name__ == "SGDClassifier":
             return True
         return getattr(final, "multi_class", None) == "ovr" or final.solver == "liblinear"
-
-    def _loss_input(self, g, prediction):
-        if len(self.classes_) != 2 or self._multilabel:
-            return prediction
-        return g.op("Concat", g.mul(prediction, g.const(0.0)), prediction, axis=1)
-
-    def _loss_input_key(self):
-        if len(self.classes_) != 2 or self._multilabel:
-            return "prediction"
-        return "zero logit, prediction"
 
     def _resolve_loss(self, loss):
         if isinstance(loss, LogLoss) and hasattr(self, "estimator_") and self._one_vs_rest():

@@ -118,8 +118,9 @@ def build_training_graph(
         Initializers the penalty applies to.
     loss_input : callable, optional
         ``loss_input(g, prediction) -> name`` turns the prediction of shape
-        ``(n_samples, n_outputs)`` into what the loss receives (the classifier
-        adds the zero logit of a binary problem's first class).
+        ``(n_samples, n_outputs)`` into what the loss receives. The width of
+        ``y_true`` is that of what the loss receives, or the loss's
+        ``target_width`` where it has one.
     """
     from ._graph import GraphBuilder, model_dtype, tensor_info
 
@@ -174,12 +175,15 @@ def build_training_graph(
     # With every shape of the loss part known (no Reshape to -1, the width of y_true
     # given), the gradient builder resolves its broadcasting at build time too.
     renamed, shapes = _drop_noop_reshapes(out)
+    _match_constant_ranks(out, shapes, keep={i.name for i in model.graph.initializer})
     while pred in renamed:
         pred = renamed[pred]
     while per_sample in renamed:
         per_sample = renamed[per_sample]
     _check_per_sample_shape(loss, shapes.get(per_sample))
-    width = shapes.get(pred, [None])[-1]
+    # the targets' width is the loss input's, but where the loss says otherwise (the
+    # binary log-loss takes one logit and the two one-hot columns)
+    width = getattr(loss, "target_width", None) or shapes.get(pred, [None])[-1]
     if isinstance(width, int):
         graph.input[y_true].type.tensor_type.shape.dim[1].dim_value = width
     return out
@@ -209,6 +213,60 @@ def _is_noop_reshape(source, target) -> bool:
         and source[0] is not None
         and all(isinstance(s, int) and t in (0, s) for s, t in zip(source[1:], target[1:]))
     )
+
+
+#: Broadcasting operators whose one-value constant takes the rank of the other input.
+_ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div"})
+
+
+def _match_constant_ranks(model: onnx.ModelProto, shapes: dict, keep=()) -> None:
+    """Give the one-value initializers of elementwise operators the rank of the other
+    input (``(1, 1)`` against ``(n, 1)``), in place; those named in ``keep`` (the
+    model's own: its weights keep their shapes) through a ``Reshape`` node.
+
+    onnxruntime (1.19 to 1.23 at least) broadcasts a scalar over a tensor whose last
+    dimension is 1 one element at a time: ``Mul`` of ``(83886, 1)`` by a scalar
+    takes 1.0 ms on one thread, by a ``(1, 1)`` constant 0.04 ms. Every loss of one
+    output, and a binary classifier's, has such products (and their gradients, made
+    from the same constants), and a model of one output adds its intercept so. The
+    results are the same: the other input has the output's rank.
+    """
+    graph = model.graph
+    constants = {i.name: i for i in graph.initializer}
+    made, nodes = {}, []
+    for node in graph.node:
+        if node.op_type in _ELEMENTWISE and node.domain in ("", "ai.onnx"):
+            for k, name in enumerate(node.input[:2]):
+                init = constants.get(name)
+                other = shapes.get(node.input[1 - k])
+                if init is None or other is None or len(other) < 2 or len(init.dims) >= len(other):
+                    continue
+                if int(np.prod(init.dims)) != 1:
+                    continue
+                key = (name, len(other))
+                if key not in made:
+                    made[key] = f"{name}_rank{len(other)}"
+                    if name in keep:
+                        shape = onnx.numpy_helper.from_array(
+                            np.ones(len(other), dtype=np.int64), f"{made[key]}_shape"
+                        )
+                        graph.initializer.append(shape)
+                        nodes.append(
+                            onnx.helper.make_node(
+                                "Reshape", [name, shape.name], [made[key]], name=made[key]
+                            )
+                        )
+                    else:
+                        value = onnx.numpy_helper.to_array(init).reshape((1,) * len(other))
+                        graph.initializer.append(onnx.numpy_helper.from_array(value, made[key]))
+                node.input[k] = made[key]
+    if nodes:  # before every node: their inputs are initializers
+        everything = nodes + list(graph.node)
+        del graph.node[:]
+        graph.node.extend(everything)
+    used = {name for n in graph.node for name in n.input}
+    for name in {name for name, _ in made} - used - set(keep):
+        graph.initializer.remove(constants[name])
 
 
 def _drop_noop_reshapes(model: onnx.ModelProto) -> dict:

@@ -456,7 +456,10 @@ class LogLoss(BaseLoss):
     first class of a binary problem, so that ``softmax([0, z])`` is
     ``sigmoid(z)``) and one-hot targets. ``LogSoftmax`` keeps it finite for
     any logits: no probability is ever clipped. This is MLPClassifier's and
-    LogisticRegression's log-loss.
+    LogisticRegression's log-loss. For a binary problem the classifier computes
+    the same loss from the one logit ``z``, as ``softplus(z) - t * z`` (``t`` the
+    second class's target): a ``LogSoftmax`` over two columns costs more than the
+    rest of a linear model's graph. A subclass receives the two columns.
     """
 
     task = "classification"
