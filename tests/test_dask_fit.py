@@ -18,6 +18,7 @@ import warnings
 import numpy as np
 import pytest
 
+dask = pytest.importorskip("dask")
 da = pytest.importorskip("dask.array")
 dd = pytest.importorskip("dask.dataframe")
 distributed = pytest.importorskip("distributed")
@@ -58,7 +59,12 @@ def hang_guard():
 
 @pytest.fixture(scope="module")
 def client():
+    # A LocalCluster closes a worker's nanny for good when no worker of its name is
+    # back 15 s (lost-worker-timeout) after it left: checked at that instant, a timer
+    # of an earlier test's kill that lands while the nanny restarts the worker of a
+    # later kill closes it, and the cluster stays at one worker (seen once in CI).
     with (
+        dask.config.set({"distributed.deploy.lost-worker-timeout": "1h"}),
         distributed.LocalCluster(
             n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
         ) as cluster,
