@@ -66,6 +66,17 @@ def _graph(est):
     return Counter(n.op_type for n in model.graph.node), dims
 
 
+def assert_same_loss_and_gradients(est, other, y2d):
+    """``other``'s engine, at ``est``'s weights, gives ``est``'s loss and gradients."""
+    other._engine.set_weights(est._engine.get_weights())
+    sw = np.linspace(0.5, 2.0, len(X)).astype(np.float32)
+    loss, grads = est._engine.loss_and_gradients(X, y2d, sw)
+    other_loss, other_grads = other._engine.loss_and_gradients(X, y2d, sw)
+    assert loss == pytest.approx(other_loss, rel=1e-6)
+    for g, k in zip(grads, other_grads, strict=True):
+        np.testing.assert_allclose(g, k, rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.skipif(
     not agent_available(), reason="onnxruntime-training (the TrainingAgent) not installed"
 )
@@ -91,14 +102,7 @@ def test_loss_part_is_built_with_known_shapes(name, monkeypatch):
     kept_ops, _ = _graph(kept)
     assert kept_ops["Reshape"] > 0
     assert kept_ops.total() > ops.total()
-    kept._engine.set_weights(est._engine.get_weights())
-    sw = np.linspace(0.5, 2.0, len(X)).astype(np.float32)
-    loss, grads = est._engine.loss_and_gradients(X, y2d, sw)
-    kept_loss, kept_grads = kept._engine.loss_and_gradients(X, y2d, sw)
-    assert loss == pytest.approx(kept_loss, rel=1e-6)
-    assert len(grads) == len(kept_grads)
-    for g, k in zip(grads, kept_grads):
-        np.testing.assert_allclose(g, k, rtol=1e-5, atol=1e-7)
+    assert_same_loss_and_gradients(est, kept, y2d)
 
 
 @pytest.mark.parametrize(
@@ -156,11 +160,6 @@ def test_drop_noop_reshapes_keeps_a_graph_output():
 
 
 # one-value constants take the rank of what they multiply (onnxruntime's slow path) ---
-def _loss_and_gradients(est, y2d):
-    sw = np.linspace(0.5, 2.0, len(X)).astype(np.float32)
-    return est._engine.loss_and_gradients(X, y2d, sw)
-
-
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", ["linear_regression", "mlp_regressor", "logistic_regression_2"])
@@ -187,13 +186,7 @@ def test_one_value_constants_take_the_rank_of_the_other_input(name, backend, mon
     assert [w.shape for w in plain._engine.get_weights()] == [
         w.shape for w in est._engine.get_weights()
     ]
-    plain._engine.set_weights(est._engine.get_weights())
-    y2d = _targets(est, y)
-    loss, grads = _loss_and_gradients(est, y2d)
-    plain_loss, plain_grads = _loss_and_gradients(plain, y2d)
-    assert loss == pytest.approx(plain_loss, rel=1e-6)
-    for g, k in zip(grads, plain_grads, strict=True):
-        np.testing.assert_allclose(g, k, rtol=1e-5, atol=1e-7)
+    assert_same_loss_and_gradients(est, plain, _targets(est, y))
 
 
 def test_match_constant_ranks_on_a_small_graph():
@@ -250,10 +243,4 @@ def test_binary_log_loss_from_one_logit_is_the_two_column_log_loss(template, bac
         n.op_type for n in onnx.load_from_string(est._engine.plan.blobs["training.onnx"]).graph.node
     )
     assert ops["LogSoftmax"] == 0 and ops["Concat"] == 0, ops
-    two._engine.set_weights(est._engine.get_weights())
-    y2d = _targets(est, C2)
-    loss, grads = _loss_and_gradients(est, y2d)
-    two_loss, two_grads = _loss_and_gradients(two, y2d)
-    assert loss == pytest.approx(two_loss, rel=1e-6)
-    for g, k in zip(grads, two_grads, strict=True):
-        np.testing.assert_allclose(g, k, rtol=1e-5, atol=1e-7)
+    assert_same_loss_and_gradients(est, two, _targets(est, C2))
