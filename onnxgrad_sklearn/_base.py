@@ -216,14 +216,6 @@ class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
         """The model whose graph is trained (a classifier's logits, a GLM's linear predictor)."""
         return trained_view(est)
 
-    def _loss_input(self, g, prediction):
-        """Turn the trained graph's prediction into the loss's first input."""
-        return prediction
-
-    def _loss_input_key(self):
-        """What :meth:`_loss_input` does, as a value for the training artifact's key."""
-        return "prediction"
-
     def _resolve_loss(self, loss):
         """The loss to train with, once the template is known."""
         return loss
@@ -775,8 +767,6 @@ class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
             alpha=penalty[0],
             l1_ratio=penalty[1],
             device=self.device,
-            loss_input=self._loss_input,
-            loss_input_key=self._loss_input_key(),
             backend=self.backend,
             threads=self._intra_op_threads,
         )

@@ -1128,12 +1128,16 @@ class _DaskBatches:
         size = rows.epochs["batch_size"]
         if shared and size * 8 > INLINE_BYTES and n > size:
             if self.shares is None:
-                epoch = np.arange(n) if self.order is None else self.order
-                if self.training is not None:
-                    epoch = self.training[epoch]
-                self.shares = _Shares(rows, epoch)
+                self.shares = _Shares(rows, self._rows_at(slice(0, n)))
             return _Window(self.shares, (batch.start, batch.stop))
-        positions = np.arange(batch.start, batch.stop) if self.order is None else self.order[batch]
+        return self._rows_at(batch)
+
+    def _rows_at(self, batch):
+        """The positions of the rows of the epoch's slice ``batch``."""
+        if self.order is None:
+            positions = np.arange(batch.start, batch.stop)
+        else:
+            positions = self.order[batch]
         if self.training is not None:  # the rows early stopping's split leaves to train on
             positions = self.training[positions]
         return positions
@@ -1201,14 +1205,14 @@ class _Shares:
             ks = sorted(rows.placement[a])
             worker_of[ks], slot_of[ks] = w, np.arange(len(ks))
         offsets = rows.offsets
-        owner = worker_of[np.searchsorted(offsets, self.positions, side="right") - 1]
+        part = np.searchsorted(offsets, self.positions, side="right") - 1
+        owner = worker_of[part]
         small = np.int32 if offsets[-1] < 2**31 else np.int64
+        local = (self.positions - offsets[part]).astype(small)
         self.sent = {}
         for w, a in enumerate(addresses):
             where = np.flatnonzero(owner == w)
-            mine = self.positions[where]
-            part = np.searchsorted(offsets, mine, side="right") - 1
-            share = (where.astype(small), slot_of[part], (mine - offsets[part]).astype(small))
+            share = (where.astype(small), slot_of[part[where]], local[where])
             self.sent[a] = rows._send(share, a)
         self.owner, self.addresses, self.version = owner, addresses, rows.version
 

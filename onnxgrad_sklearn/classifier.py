@@ -63,9 +63,7 @@ class _LogitLoss(BaseLoss):
 
     @property
     def target_width(self):
-        """The width of the targets where it is not the prediction's (a binary
-        problem's: 2 one-hot columns for one logit), or None."""
-        return 2 if self.binary else None
+        return 2 if self.binary else None  # one logit, two one-hot columns
 
     def smoothed(self, width):
         inner = self.loss.smoothed(width)

@@ -120,7 +120,7 @@ def build_training_graph(
         ``loss_input(g, prediction) -> name`` turns the prediction of shape
         ``(n_samples, n_outputs)`` into what the loss receives. The width of
         ``y_true`` is that of what the loss receives, or the loss's
-        ``target_width`` where it has one.
+        ``target_width`` where it sets one.
     """
     from ._graph import GraphBuilder, model_dtype, tensor_info
 
@@ -181,9 +181,7 @@ def build_training_graph(
     while per_sample in renamed:
         per_sample = renamed[per_sample]
     _check_per_sample_shape(loss, shapes.get(per_sample))
-    # the targets' width is the loss input's, but where the loss says otherwise (the
-    # binary log-loss takes one logit and the two one-hot columns)
-    width = getattr(loss, "target_width", None) or shapes.get(pred, [None])[-1]
+    width = loss.target_width or shapes.get(pred, [None])[-1]
     if isinstance(width, int):
         graph.input[y_true].type.tensor_type.shape.dim[1].dim_value = width
     return out
@@ -224,7 +222,7 @@ def _match_constant_ranks(model: onnx.ModelProto, shapes: dict, keep=()) -> None
     input (``(1, 1)`` against ``(n, 1)``), in place; those named in ``keep`` (the
     model's own: its weights keep their shapes) through a ``Reshape`` node.
 
-    onnxruntime (1.19 to 1.23 at least) broadcasts a scalar over a tensor whose last
+    onnxruntime (1.19.2 and 1.32 measured) broadcasts a scalar over a tensor whose last
     dimension is 1 one element at a time: ``Mul`` of ``(83886, 1)`` by a scalar
     takes 1.0 ms on one thread, by a ``(1, 1)`` constant 0.04 ms. Every loss of one
     output, and a binary classifier's, has such products (and their gradients, made

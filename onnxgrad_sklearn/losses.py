@@ -101,6 +101,10 @@ class BaseLoss(BaseEstimator):
     #: padded with rows of sample weight 0. False for :class:`OnnxLoss`, whose graph
     #: may combine rows.
     rowwise: bool = True
+    #: Width of the targets ``y_true`` where it is not that of the predictions the loss
+    #: receives (class attribute; None: the same). The classifier's loss of a binary
+    #: problem takes one logit and two one-hot columns.
+    target_width: int | None = None
     #: Width of the quadratic that replaces the loss's kinks (0: the exact loss). Set
     #: on the copies :meth:`smoothed` returns; not a hyper-parameter.
     _width: float = 0.0
