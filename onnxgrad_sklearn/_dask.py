@@ -347,6 +347,9 @@ class DaskRows:
         self.payloads = {}
         self.rounds = 0
         self.tasks = Counter()  # worker address -> tasks run
+        # the last round's tasks and what was scattered for them, released as the next
+        # round is submitted (:meth:`_run`)
+        self._last_round = None
         self.offsets = np.zeros(1, dtype=np.int64)
         self.epochs = None  # what the mini-batch rounds need (start_epochs)
         self.shape = (0, 0)
@@ -914,11 +917,18 @@ class DaskRows:
         for attempt in itertools.count():
             futures = {}
             try:
-                for address, task in sorted(self._made(tasks).items()):
+                made = self._made(tasks)
+                # the last round's futures are released here, just before the submits:
+                # the client sends its messages to the scheduler at most once every
+                # 10 ms, so a release sent alone at the end of a round would hold the
+                # next round's submits back until then
+                self._last_round = None
+                for address, task in sorted(made.items()):
                     futures[address] = client.submit(
                         *task, workers=[address], allow_other_workers=False, pure=False
                     )
                 results = self._gather(futures)
+                self._last_round = (made, futures)
             except _WorkersLost as lost:
                 client.cancel(list(futures.values()))
                 if attempt >= MAX_RECOVERIES:
@@ -1067,6 +1077,7 @@ class DaskRows:
         with contextlib.suppress(Exception):
             client.cancel(futures)
         self.parts, self.payloads, self._pinned = [], {}, None
+        self._last_round = None
         if self.rounds:
             logger.info(
                 "fit on the dask cluster: %d rounds; tasks per worker: %s",

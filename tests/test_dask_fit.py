@@ -615,6 +615,34 @@ def test_local_sgd_loss_and_score(client, backend):
     assert got.score(X, y) == pytest.approx(expected.score(X, y), abs=0.03)
 
 
+def _scheduler_keys(dask_scheduler):
+    return set(dask_scheduler.tasks)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{}, {"optimizer": "nesterov", "max_iter": 2, "sync_every": 4, "batch_size": 64}],
+    ids=["lbfgs", "local SGD"],
+)
+def test_a_fit_leaves_no_task_on_the_cluster(client, params):
+    """A fit holds each round's futures until the next round is submitted (their
+    release then goes with the submits); once it returns, nothing of it stays on the
+    cluster (the last round's results, the engines' payloads, the partitions'
+    futures): the scheduler is left with the user's collections."""
+    X, y = binary_data(n=2000)
+    Xd = client.persist(da.from_array(X, chunks=500))
+    yd = client.persist(da.from_array(y, chunks=500))
+    distributed.wait([Xd, yd])
+    before = client.run_on_scheduler(_scheduler_keys)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        OrtGradientClassifier(LogisticRegression(), **params).fit(Xd, yd)
+    deadline = time.monotonic() + 10
+    while client.run_on_scheduler(_scheduler_keys) != before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert client.run_on_scheduler(_scheduler_keys) == before
+
+
 def test_sync_every_is_ignored_for_data_in_memory():
     X, y = diabetes()
     params = dict(optimizer="adam", max_iter=2, batch_size=32, random_state=0)
