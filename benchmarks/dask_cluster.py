@@ -638,7 +638,7 @@ def part_round(sizes: dict) -> dict:
     n_rounds = sizes["rounds"]
     out = {"rounds": n_rounds}
     with cluster() as client:
-        addresses = sorted(client.scheduler_info()["workers"])
+        addresses = sorted(client.nthreads())
 
         def bare_round():
             futures = [

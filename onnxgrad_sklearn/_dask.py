@@ -277,6 +277,16 @@ _worker_versions = _versions
 _CHECKED: dict = {}
 
 
+def _workers_info(client) -> dict:
+    """The scheduler's record of each worker (``{address: info}``), asked for now.
+
+    Not ``client.scheduler_info()``: it returns the client's cached identity, which the
+    client's periodic update (every 2 s, without the workers) may replace between the
+    fetch and the return.
+    """
+    return client.sync(client.scheduler.identity, n_workers=-1).get("workers", {})
+
+
 def _check_workers(client) -> None:
     """Refuse workers without this package, or with other versions of it or onnxruntime.
 
@@ -284,7 +294,7 @@ def _check_workers(client) -> None:
     of the worker, which a restarted worker does not keep).
     """
     here = _versions()
-    info = client.scheduler_info(n_workers=-1).get("workers", {})
+    info = _workers_info(client)
     if not info:
         raise RuntimeError("The dask cluster has no worker: start workers before fitting.")
     workers = {(a, w.get("id")) for a, w in info.items()}

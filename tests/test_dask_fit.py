@@ -847,6 +847,17 @@ def test_local_sgd_with_a_held_out_split_trains_on_the_workers(client, caplog, m
     assert other.best_validation_score_ < -100  # scored on the changed targets
 
 
+def test_the_workers_are_asked_for_not_taken_from_the_client_cache(client, monkeypatch):
+    """``Client.scheduler_info()`` returns the client's cached identity, which its
+    periodic update (without the workers) may replace between the fetch and the return:
+    CI once saw "no worker" on a cluster of two. The fit asks the scheduler itself."""
+    monkeypatch.setattr(type(client), "scheduler_info", lambda self, *a, **k: {"workers": {}})
+    X, y = binary_data(600, 3)
+    got = OrtGradientClassifier(LogisticRegression()).fit(da.from_array(X), da.from_array(y))
+    expected = OrtGradientClassifier(LogisticRegression()).fit(X, y)
+    assert_close_fit(got, expected, rtol=1e-4, atol=1e-5)
+
+
 def test_workers_of_another_version_are_refused(client, monkeypatch):
     fake = functools.partial(dict, onnxgrad_sklearn="0.0.1", onnxruntime="0.0.2")
     monkeypatch.setattr(_dask, "_worker_versions", fake)
