@@ -889,7 +889,21 @@ class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
         """The session of the exported model (the model made now if it was deferred)."""
         session = self.__dict__.get("_session")
         if session is None:
-            session = self._session = self._new_session(self._export_now())
+            export = self._export_now()
+            if export is self._converted:  # the trained graph itself: one session
+                session = self._trained_session()
+            else:
+                session = self._new_session(export)
+            self._session = session
+        return session
+
+    def _trained_session(self):
+        """The session of the trained graph, made now if there is none: a callback's
+        ``fitted_estimator`` makes only the sessions its predictions use (a
+        classifier's, the trained graph's), when they first need it."""
+        session = self.__dict__.get("_logit_session")
+        if session is None:
+            session = self._logit_session = self._new_session(self._converted)
         return session
 
     def _run_onnx(self, X, trained_graph=False):
@@ -897,15 +911,15 @@ class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
         if "_converted" not in self.__dict__:
             check_is_fitted(self)  # not fitted: scikit-learn's error
         self._check_weights_stored("predict")
-        if self.__dict__.get("_logit_session") is None:  # a fit that stopped while storing
-            self._make_sessions()
         if "_raw_columns" in self.__dict__:  # fitted on a DataFrame's raw columns
             return run_raw(self, X, trained_graph)
         X = validate_data(
             self, X, reset=False, accept_sparse=["csr", "csc"], dtype=[np.float32, np.float64]
         )
         X = _as_rows(X, self._converted.dtype)  # the graph's input type
-        session = self._logit_session if trained_graph else self._export_session()
+        # made here after a fit that stopped while storing, and for a callback's
+        # fitted_estimator (the sessions it predicts with, when it first predicts)
+        session = self._trained_session() if trained_graph else self._export_session()
         feed, names = _io_names(session)
         if not sp.issparse(X):
             return dict(zip(names, session.run(None, {feed: X})))

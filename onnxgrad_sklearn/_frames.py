@@ -284,7 +284,7 @@ def run_raw(est, X, trained_graph: bool) -> dict:
         names = [o.name for o in session.get_outputs()]
         feed = column_feed(X, est._raw_columns, inputs, dtype)
         return dict(zip(names, session.run(None, feed)))
-    session = est._logit_session
+    session = est._trained_session()
     Xt = check_array(
         _head(est.estimator_).transform(X), accept_sparse=["csr", "csc"], dtype=[dtype]
     )

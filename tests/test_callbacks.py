@@ -136,6 +136,30 @@ def test_fitted_estimator_of_an_epoch_is_a_snapshot_that_pickles(backend):
     assert loaded.n_iter_ == 1 and loaded.t_ == 3 * len(X)
 
 
+def test_a_classifiers_fitted_estimator_makes_only_the_session_it_predicts_with():
+    """A classifier predicts from its trained graph; its exported graph (here
+    LogisticRegression's own, with its label output) is another session, which a
+    callback's fitted_estimator makes only when something needs it (to_onnx's model
+    run, modified Huber's probabilities), not at its first prediction."""
+    X, y = _classification()
+    keep = Keep()
+    clf = _logistic("standard", max_iter=3).set_callbacks(keep).fit(X, y)
+    snapshot = keep.fitted[2]  # the third iteration's: the fit's last
+    assert clf.n_iter_ == 3
+    assert snapshot._export_model is not snapshot._converted  # two graphs
+    assert snapshot.__dict__.get("_session") is None
+    assert snapshot.__dict__.get("_logit_session") is None  # none before it predicts
+    np.testing.assert_array_equal(snapshot.predict(X), clf.predict(X))
+    np.testing.assert_array_equal(snapshot.predict_proba(X), clf.predict_proba(X))
+    assert snapshot.__dict__.get("_logit_session") is not None
+    assert snapshot.__dict__.get("_session") is None
+    # the exported graph's session, when asked for, gives the same labels
+    labels = snapshot._run_onnx(X)[snapshot._export_session().get_outputs()[0].name]
+    np.testing.assert_array_equal(labels, clf.predict(X))
+    # the fitted estimator itself made both at the end of its fit
+    assert clf._session is not None and clf._logit_session is not None
+
+
 def test_copy_of_a_fitted_estimator_is_independent():
     X, y = _regression()
     reg = _mlp("standard", optimizer="adam").fit(X, y)
