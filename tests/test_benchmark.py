@@ -296,3 +296,42 @@ def test_dask_cluster_targets(dask_cluster):
     for t in targets:
         assert t["issue"] == 31 and t["met"] in (True, False)
         assert math.isfinite(t["measured"])
+
+
+# ---------------------------------------------------------------------------
+# benchmarks/callbacks.py: what scikit-learn's callbacks add, beside scikit-learn
+# ---------------------------------------------------------------------------
+
+CALLBACKS = os.path.join(ROOT, "benchmarks", "callbacks.py")
+
+
+@pytest.fixture(scope="module")
+def callbacks_run(tmp_path_factory):
+    pytest.importorskip("sklearn.callback", reason="scikit-learn < 1.9: no callback API")
+    out = tmp_path_factory.mktemp("callbacks")
+    proc = subprocess.run(
+        [sys.executable, CALLBACKS, "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(out / "callbacks.json") as f:
+        return json.load(f)
+
+
+def test_callbacks_every_case_and_column_is_measured(callbacks_run):
+    meta, cases = callbacks_run["meta"], callbacks_run["cases"]
+    assert meta["quick"] is True and meta["repeats"] == 1 and meta["commit"]
+    assert set(cases) == {"logistic_iris", "mlp_classifier_iris", "mlp_regressor_diabetes"}
+    for name, row in cases.items():
+        sides = ("ours", "scikit-learn") if name == "logistic_iris" else ("ours",)
+        assert set(row) >= set(sides)
+        for side in sides:
+            per = row[side]["ms_per_iteration"]
+            assert set(per) == {"none", "scoring_monitor", "fitted_estimator"}
+            assert all(_positive_finite(v) for v in per.values()), (name, side, per)
+            for column, added in row[side]["added_ms"].items():
+                assert added == pytest.approx(per[column] - per["none"])
+    assert "scoring_monitor_added_ratio" in cases["logistic_iris"]
