@@ -360,6 +360,9 @@ class DaskRows:
         # the last round's tasks and what was scattered for them, released as the next
         # round is submitted (:meth:`_run`)
         self._last_round = None
+        # local SGD's servers (:class:`_Server`, dask actors): (what they were made for,
+        # {worker: (future, actor)})
+        self._servers = None
         self.offsets = np.zeros(1, dtype=np.int64)
         self.epochs = None  # what the mini-batch rounds need (start_epochs)
         self.shape = (0, 0)
@@ -868,7 +871,7 @@ class DaskRows:
         )
         return [(loss, grads) for _, loss, grads in items]
 
-    def _round(self, stage, weights, rows=None, ones=False, plan=None):
+    def _round(self, stage, weights, rows=None, ones=False):
         """One task per worker holding partitions, pinned to it; their results, in the
         order of the workers' addresses.
 
@@ -876,9 +879,7 @@ class DaskRows:
         shares (:class:`_Window`; None: every row, each worker its chunks' sums,
         :func:`_evaluate`); each worker then sums over its rows of the batch
         (:func:`_batch_sums`), with weights of one if ``ones``. Workers
-        without rows in the batch take no part. ``plan``: a callable giving, for the
-        current placement, ``{worker: (function, *arguments, *partitions)}`` of a
-        round of local steps (``weights`` then holds the weights and the state).
+        without rows in the batch take no part.
         """
         client = self.client
         weights = [np.ascontiguousarray(w) for w in weights]
@@ -890,8 +891,6 @@ class DaskRows:
                 data = client.scatter(
                     [weights], workers=sorted(self.placement), broadcast=True, hash=False
                 )[0]
-            if plan is not None:
-                return plan(payload, data)
             if rows is None:
                 return {
                     address: (_evaluate, payload, self.fit_id, stage, data)
@@ -986,6 +985,102 @@ class DaskRows:
                 if gone:
                     raise _WorkersLost(gone) from None
                 raise
+
+    def serve(self, stage, dropped, method, arguments):
+        """One call of ``method`` of each worker's server (:class:`_Server`, a dask actor
+        holding the worker's partitions and what ``stage`` and ``dropped`` name in
+        :attr:`payloads`), with ``arguments(worker, positions of its partitions)``;
+        their results in the order of the workers' addresses.
+
+        A call goes to its worker directly (through the scheduler's proxy when the
+        client does not connect to workers): no task, no message batched by the
+        client or the scheduler, and what it carries is not kept after it. A worker
+        that leaves: as :meth:`_run`, the partitions computed again and the round run
+        again on servers made for the new placement.
+        """
+        for attempt in itertools.count():
+            calls = {}
+            try:
+                servers = self._servers_for(stage, dropped)
+                self._last_round = None
+                for address, (_, actor) in sorted(servers.items()):
+                    try:
+                        call = getattr(actor, method)
+                    except RuntimeError:  # "Worker holding Actor was lost"
+                        self._lost_or_raise(address)
+                    calls[address] = call(*arguments(address, self.placement[address]))
+                results = [self._call_result(address, c) for address, c in calls.items()]
+            except _WorkersLost as lost:
+                self._drop_servers()
+                if attempt >= MAX_RECOVERIES:
+                    parts = self._lost_parts(lost.addresses)
+                    raise self._lost_error(lost.addresses, parts) from None
+                self._recover(lost.addresses)
+                continue
+            self.tasks.update(calls.keys())
+            return results
+
+    def _servers_for(self, stage, dropped):
+        """``{worker: (future, actor)}``: a :class:`_Server` on each worker of the
+        placement, made once per placement, stage and held-out rows."""
+        key = (self.version, stage, dropped)
+        if self._servers is not None and self._servers[0] == key:
+            return self._servers[1]
+        self._drop_servers()
+        payload = self.payloads[stage][1]
+        held = None if dropped is None else self.payloads[dropped][1]
+        futures = {
+            address: self.client.submit(
+                _Server,
+                payload,
+                self.fit_id,
+                stage,
+                held,
+                *[self.parts[k] for k in sorted(ks)],
+                workers=[address],
+                allow_other_workers=False,
+                actor=True,
+            )
+            for address, ks in sorted(self.placement.items())
+        }
+        self._servers = (key, {})  # dropped with the others should the wait fail
+        try:
+            actors = self._gather(futures)
+        except BaseException:
+            self.client.cancel(list(futures.values()))
+            raise
+        self._servers = (key, {a: (futures[a], actor) for a, actor in zip(futures, actors)})
+        return self._servers[1]
+
+    def _call_result(self, address, call):
+        """The result of an actor's call on ``address``, waiting as :meth:`_gather` does:
+        :class:`_WorkersLost` when the worker left meanwhile."""
+        while True:
+            try:
+                return call.result(timeout=POLL_S)
+            except (TimeoutError, asyncio.TimeoutError):
+                if address not in self.client.nthreads():
+                    raise _WorkersLost({address}) from None
+            except OSError:  # a closed connection: the worker left, as the scheduler says
+                self._lost_or_raise(address)
+
+    def _lost_or_raise(self, address):
+        """:class:`_WorkersLost` once the scheduler says ``address`` left (2 polls at most),
+        or the exception being handled."""
+        deadline = time.monotonic() + 2 * POLL_S
+        while address in self.client.nthreads():
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+        raise _WorkersLost({address}) from None
+
+    def _drop_servers(self):
+        """Release the servers: each worker drops its actor (a call in progress ends
+        there, its result unused)."""
+        servers, self._servers = self._servers, None
+        if servers and servers[1]:
+            with contextlib.suppress(Exception):
+                self.client.cancel([future for future, _ in servers[1].values()])
 
     def _picks(self, rows, slots=False):
         """``{worker: {partition position: its row numbers}}`` of the fit's rows ``rows``;
@@ -1088,6 +1183,7 @@ class DaskRows:
             client.cancel(futures)
         self.parts, self.payloads, self._pinned = [], {}, None
         self._last_round = None
+        self._drop_servers()
         if self.rounds:
             logger.info(
                 "fit on the dask cluster: %d rounds; tasks per worker: %s",
@@ -1338,30 +1434,6 @@ class _LocalBatches(_DaskBatches):
         # the workers' shuffles: drawn from the epoch's order (None: no shuffle)
         self.seed = None if order is None else [int(v) for v in order[:8]]
 
-    def _tasks(self, first, last, step, learning_rate, payload, data):
-        """``{worker: task}`` of the steps ``first`` to ``last`` (excluded)."""
-        rows = self.rows
-        dropped = None if self.dropped is None else rows.payloads[self.dropped][1]
-        tasks = {}
-        for a, ks in sorted(rows.placement.items()):
-            keys = sorted(ks)
-            share = sum(int(self.sizes[k]) for k in keys) / self.n_rows
-            plan = (self.seed, self.n_steps, first, last)
-            tasks[a] = (
-                _local_steps,
-                payload,
-                rows.fit_id,
-                rows.epochs["local"],
-                share,
-                data,
-                step,
-                learning_rate,
-                plan,
-                dropped,
-                *[rows.parts[k] for k in keys],
-            )
-        return tasks
-
     def train(self, engine, batch, learning_rate):
         """Steps are run ``sync_every`` at a time, the last round of an epoch shorter:
         ``(None, 0)`` until a round is due, then its mean loss and rows."""
@@ -1373,12 +1445,18 @@ class _LocalBatches(_DaskBatches):
         state = engine.get_state()
         sent = engine.get_weights() + [s for st in state["state"] for s in st]
 
-        def plan(payload, data):  # for the placement of the moment (after a worker left)
-            return self._tasks(first, last, state["step"], learning_rate, payload, data)
+        sent = [np.ascontiguousarray(w) for w in sent]
+        plan = (self.seed, self.n_steps, first, last)
+
+        def arguments(address, keys):  # for the placement of the moment
+            share = sum(int(self.sizes[k]) for k in keys) / self.n_rows
+            return share, sent, state["step"], learning_rate, plan
 
         rows = self.rows
         started = time.perf_counter()
-        results = [r for r in rows._round(rows.epochs["local"], sent, plan=plan) if r[0]]
+        stage = rows.epochs["local"]
+        results = rows.serve(stage, self.dropped, "local_steps", arguments)
+        results = [r for r in results if r[0]]
         rows.rounds += 1
         logger.debug(
             "dask round %d: steps %d to %d on %d workers, %.4f s",
@@ -1797,6 +1875,33 @@ def _local_steps(payload, fit_id, stage, share, sent, step, learning_rate, plan,
         total += loss * X.shape[0]
     _SERVED[fit_id] += 1
     return trained, total, engine.get_weights(), engine.get_state()["state"]
+
+
+class _Server:
+    """A fit's local steps on one worker (a dask actor, made by
+    :meth:`DaskRows._servers_for` on the worker holding the partitions ``parts``): the
+    rounds of local SGD come to it as calls, which carry the weights and the optimizer
+    state there and back, rather than as tasks, whose messages the client and the
+    scheduler send in batches (every 10 and 5 ms)."""
+
+    def __init__(self, payload, fit_id, stage, dropped, *parts):
+        self.payload, self.fit_id, self.stage = payload, fit_id, stage
+        self.dropped, self.parts = dropped, parts
+
+    def local_steps(self, share, sent, step, learning_rate, plan):
+        """:func:`_local_steps` on this worker's partitions."""
+        return _local_steps(
+            self.payload,
+            self.fit_id,
+            self.stage,
+            share,
+            sent,
+            step,
+            learning_rate,
+            plan,
+            self.dropped,
+            *self.parts,
+        )
 
 
 def _forget(fit_id):

@@ -908,7 +908,17 @@ def _kill_a_worker_at(monkeypatch, client, evaluation):
                 pass  # the worker exits before answering
         return original(self, *args, **kwargs)
 
+    def serve(self, *args, **kwargs):  # local SGD's rounds
+        if self.rounds == evaluation and not killed:
+            address = sorted(self.placement)[0]
+            killed.append((address, time.monotonic()))
+            with contextlib.suppress(Exception):  # the worker exits before answering
+                client.run(os._exit, 1, workers=[address])
+        return original_serve(self, *args, **kwargs)
+
+    original_serve = _dask.DaskRows.serve
     monkeypatch.setattr(_dask.DaskRows, "_round", run_round)
+    monkeypatch.setattr(_dask.DaskRows, "serve", serve)
     return killed
 
 
@@ -978,6 +988,50 @@ def test_a_lost_worker_repeats_the_round_of_a_mini_batch_fit(client, monkeypatch
     assert killed
     np.testing.assert_allclose(got.loss_curve_, expected.loss_curve_, rtol=1e-5)
     np.testing.assert_allclose(mlp_weights(got), mlp_weights(expected), rtol=1e-4, atol=1e-5)
+    client.wait_for_workers(2, timeout=60)
+
+
+def test_a_lost_worker_repeats_the_round_of_local_sgd(client, monkeypatch):
+    """sync_every=4 (4 rounds an epoch): the worker holding the first partition exits
+    before the 6th round; its partitions, made by a dask graph, are computed again, servers are made for the
+    new placement and the round is run again from the weights before it. The workers
+    then hold other rows than in the fit that lost none (local SGD's result depends on
+    which rows each worker trains on): the same epochs, a final loss within 5%."""
+    client.wait_for_workers(2, timeout=60)
+    X = da.random.RandomState(8).standard_normal((4000, 6), chunks=(500, 6)).astype("f4")
+    y = X[:, 0] - 2 * X[:, 3] + 0.1
+    # persisted: both fits start from the same placement (dask computes them again)
+    X, y = client.persist([X, y])
+    params = dict(optimizer="adam", max_iter=4, batch_size=256, random_state=0, sync_every=4)
+    template = MLPRegressor(hidden_layer_sizes=(8,))
+    with pytest.warns(ConvergenceWarning):
+        expected = OrtGradientRegressor(template, **params).fit(X, y)
+    killed = _kill_a_worker_at(monkeypatch, client, evaluation=5)
+    with pytest.warns(ConvergenceWarning):
+        got = OrtGradientRegressor(template, **params).fit(X, y)
+    assert killed
+    assert got.n_iter_ == 4 and len(got.loss_curve_) == 4
+    # the first epoch, before the loss: the same rounds on the same workers
+    np.testing.assert_allclose(got.loss_curve_[0], expected.loss_curve_[0], rtol=1e-5)
+    assert got.loss_curve_[-1] == pytest.approx(expected.loss_curve_[-1], rel=0.05)
+    Xc, yc = dask.compute(X, y)
+    assert got.score(Xc, yc) == pytest.approx(expected.score(Xc, yc), abs=0.02)
+    client.wait_for_workers(2, timeout=60)
+
+
+def test_lost_rows_of_local_sgd_that_cannot_be_computed_again_raise(client, monkeypatch):
+    """sync_every=4, y sent from this process: the worker exits before the 2nd round,
+    an error names the partitions lost, the fit never hangs."""
+    client.wait_for_workers(2, timeout=60)
+    monkeypatch.setattr(_dask, "RECOVERY_S", 10.0)
+    X, y = binary_data(8000, 6, seed=9)
+    killed = _kill_a_worker_at(monkeypatch, client, evaluation=1)
+    est = OrtGradientClassifier(
+        MLPClassifier(hidden_layer_sizes=(8,)), batch_size=256, sync_every=4, random_state=0
+    )
+    with pytest.raises(_dask.DaskWorkerLostError, match=r"Partitions \[\d"):
+        est.fit(da.from_array(X, chunks=1000), y)
+    assert killed and time.monotonic() - killed[0][1] < 40
     client.wait_for_workers(2, timeout=60)
 
 
