@@ -993,10 +993,11 @@ def test_a_lost_worker_repeats_the_round_of_a_mini_batch_fit(client, monkeypatch
 
 def test_a_lost_worker_repeats_the_round_of_local_sgd(client, monkeypatch):
     """sync_every=4 (4 rounds an epoch): the worker holding the first partition exits
-    before the 6th round; its partitions, made by a dask graph, are computed again, servers are made for the
-    new placement and the round is run again from the weights before it. The workers
-    then hold other rows than in the fit that lost none (local SGD's result depends on
-    which rows each worker trains on): the same epochs, a final loss within 5%."""
+    before the 6th round; its partitions, made by a dask graph, are computed again,
+    servers are made for the new placement and the round is run again from the weights
+    before it. The workers then hold other rows than in the fit that lost none (local
+    SGD's result depends on which rows each worker trains on): the same epochs, a final
+    loss within 5%."""
     client.wait_for_workers(2, timeout=60)
     X = da.random.RandomState(8).standard_normal((4000, 6), chunks=(500, 6)).astype("f4")
     y = X[:, 0] - 2 * X[:, 3] + 0.1
