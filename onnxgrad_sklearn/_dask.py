@@ -360,9 +360,9 @@ class DaskRows:
         # the last round's tasks and what was scattered for them, released as the next
         # round is submitted (:meth:`_run`)
         self._last_round = None
-        # local SGD's servers (:class:`_Server`, dask actors): (what they were made for,
-        # {worker: (future, actor)})
-        self._servers = None
+        # the mini-batch rounds' servers (:class:`_Server`, dask actors): {(placement
+        # version, stage, held-out rows' key): {worker: (future, actor)}}
+        self._servers = {}
         self.offsets = np.zeros(1, dtype=np.int64)
         self.epochs = None  # what the mini-batch rounds need (start_epochs)
         self.shape = (0, 0)
@@ -856,10 +856,11 @@ class DaskRows:
         weights summing to zero, in the order of the workers.
         """
         started = time.perf_counter()
-        results = self._round(stage, weights, rows, ones)
         if rows is not None:
+            results = self._batch_round(stage, weights, rows, ones)
             self.rounds += 1
             return results
+        results = self._round(stage, weights)
         items = sorted(itertools.chain.from_iterable(results), key=lambda item: item[0])
         self.rounds += 1
         logger.debug(
@@ -871,16 +872,10 @@ class DaskRows:
         )
         return [(loss, grads) for _, loss, grads in items]
 
-    def _round(self, stage, weights, rows=None, ones=False):
-        """One task per worker holding partitions, pinned to it; their results, in the
-        order of the workers' addresses.
-
-        ``rows``: the positions of the rows of a batch, or its window of the epoch's
-        shares (:class:`_Window`; None: every row, each worker its chunks' sums,
-        :func:`_evaluate`); each worker then sums over its rows of the batch
-        (:func:`_batch_sums`), with weights of one if ``ones``. Workers
-        without rows in the batch take no part.
-        """
+    def _round(self, stage, weights):
+        """One task per worker holding partitions, pinned to it, each returning its
+        chunks' sums (:func:`_evaluate`); their results, in the order of the workers'
+        addresses."""
         client = self.client
         weights = [np.ascontiguousarray(w) for w in weights]
 
@@ -891,27 +886,25 @@ class DaskRows:
                 data = client.scatter(
                     [weights], workers=sorted(self.placement), broadcast=True, hash=False
                 )[0]
-            if rows is None:
-                return {
-                    address: (_evaluate, payload, self.fit_id, stage, data)
-                    + tuple(self.parts[k] for k in ks)
-                    for address, ks in self.placement.items()
-                }
-            size = self.epochs["batch_size"]
-            if isinstance(rows, _Window):
-                return {
-                    address: (_batch_sums, payload, self.fit_id, stage, data, share, rows.bounds)
-                    + (size, ones)
-                    + tuple(self.parts[k] for k in ks)
-                    for address, share, ks in rows.shares.tasks(*rows.bounds)
-                }
             return {
-                address: (_batch_sums, payload, self.fit_id, stage, data, picks, None, size, ones)
-                + tuple(self.parts[k] for k in picks)
-                for address, picks in self._picks(rows).items()
+                address: (_evaluate, payload, self.fit_id, stage, data)
+                + tuple(self.parts[k] for k in ks)
+                for address, ks in self.placement.items()
             }
 
         return list(self._run(tasks).values())
+
+    def _batch_round(self, stage, weights, rows, ones=False):
+        """Each worker holding rows of the batch ``rows`` (their positions) sums over
+        them (:func:`_batch_sums`, weights of one if ``ones``), a call of its server;
+        the results in the order of the workers' addresses."""
+        weights = [np.ascontiguousarray(w) for w in weights]
+        size = self.epochs["batch_size"]
+
+        def calls():  # for the placement of the moment (again after a worker left)
+            return {a: (weights, picks, size, ones) for a, picks in self._picks(rows).items()}
+
+        return self.serve(stage, None, "batch_sums", calls)
 
     def _run(self, tasks, count=True):
         """Run the tasks ``tasks()`` gives (``{worker: (function, *arguments)}``), each
@@ -986,11 +979,12 @@ class DaskRows:
                     raise _WorkersLost(gone) from None
                 raise
 
-    def serve(self, stage, dropped, method, arguments):
-        """One call of ``method`` of each worker's server (:class:`_Server`, a dask actor
-        holding the worker's partitions and what ``stage`` and ``dropped`` name in
-        :attr:`payloads`), with ``arguments(worker, positions of its partitions)``;
-        their results in the order of the workers' addresses.
+    def serve(self, stage, dropped, method, calls):
+        """A call of ``method`` of the servers (:class:`_Server`, dask actors, one on each
+        worker of the placement holding its partitions and what ``stage`` and
+        ``dropped`` name in :attr:`payloads`) of the workers ``calls()`` gives (``{worker:
+        arguments}`` for the placement of the moment); their results in the order of
+        the workers' addresses.
 
         A call goes to its worker directly (through the scheduler's proxy when the
         client does not connect to workers): no task, no message batched by the
@@ -999,17 +993,17 @@ class DaskRows:
         again on servers made for the new placement.
         """
         for attempt in itertools.count():
-            calls = {}
+            made = {}
             try:
                 servers = self._servers_for(stage, dropped)
                 self._last_round = None
-                for address, (_, actor) in sorted(servers.items()):
+                for address, arguments in sorted(calls().items()):
                     try:
-                        call = getattr(actor, method)
+                        call = getattr(servers[address][1], method)
                     except RuntimeError:  # "Worker holding Actor was lost"
                         self._lost_or_raise(address)
-                    calls[address] = call(*arguments(address, self.placement[address]))
-                results = [self._call_result(address, c) for address, c in calls.items()]
+                    made[address] = call(*arguments)
+                results = [self._call_result(address, c) for address, c in made.items()]
             except _WorkersLost as lost:
                 self._drop_servers()
                 if attempt >= MAX_RECOVERIES:
@@ -1017,16 +1011,17 @@ class DaskRows:
                     raise self._lost_error(lost.addresses, parts) from None
                 self._recover(lost.addresses)
                 continue
-            self.tasks.update(calls.keys())
+            self.tasks.update(made.keys())
             return results
 
     def _servers_for(self, stage, dropped):
         """``{worker: (future, actor)}``: a :class:`_Server` on each worker of the
         placement, made once per placement, stage and held-out rows."""
+        if self._servers and next(iter(self._servers))[0] != self.version:
+            self._drop_servers()  # made for another placement
         key = (self.version, stage, dropped)
-        if self._servers is not None and self._servers[0] == key:
-            return self._servers[1]
-        self._drop_servers()
+        if key in self._servers:
+            return self._servers[key]
         payload = self.payloads[stage][1]
         held = None if dropped is None else self.payloads[dropped][1]
         futures = {
@@ -1036,6 +1031,7 @@ class DaskRows:
                 self.fit_id,
                 stage,
                 held,
+                sorted(ks),
                 *[self.parts[k] for k in sorted(ks)],
                 workers=[address],
                 allow_other_workers=False,
@@ -1043,14 +1039,13 @@ class DaskRows:
             )
             for address, ks in sorted(self.placement.items())
         }
-        self._servers = (key, {})  # dropped with the others should the wait fail
         try:
             actors = self._gather(futures)
         except BaseException:
             self.client.cancel(list(futures.values()))
             raise
-        self._servers = (key, {a: (futures[a], actor) for a, actor in zip(futures, actors)})
-        return self._servers[1]
+        self._servers[key] = {a: (futures[a], actor) for a, actor in zip(futures, actors)}
+        return self._servers[key]
 
     def _call_result(self, address, call):
         """The result of an actor's call on ``address``, waiting as :meth:`_gather` does:
@@ -1077,10 +1072,11 @@ class DaskRows:
     def _drop_servers(self):
         """Release the servers: each worker drops its actor (a call in progress ends
         there, its result unused)."""
-        servers, self._servers = self._servers, None
-        if servers and servers[1]:
+        servers, self._servers = self._servers, {}
+        futures = [future for made in servers.values() for future, _ in made.values()]
+        if futures:
             with contextlib.suppress(Exception):
-                self.client.cancel([future for future, _ in servers[1].values()])
+                self.client.cancel(futures)
 
     def _picks(self, rows, slots=False):
         """``{worker: {partition position: its row numbers}}`` of the fit's rows ``rows``;
@@ -1233,21 +1229,6 @@ class _DaskBatches:
 
     def __init__(self, rows, order, training=None):
         self.rows, self.order, self.training = rows, order, training
-        self.shares = None
-
-    def _positions(self, batch, shared):
-        """What the round is told of the batch's rows: their numbers, or with ``shared``
-        where a batch has more row numbers than a task carries (``INLINE_BYTES``) and
-        the epoch more than one batch, the batch's window of the epoch's rows, each
-        worker having been sent its share once (:class:`_Shares`)."""
-        rows = self.rows
-        n = rows.shape[0] if self.training is None else len(self.training)
-        size = rows.epochs["batch_size"]
-        if shared and size * 8 > INLINE_BYTES and n > size:
-            if self.shares is None:
-                self.shares = _Shares(rows, self._rows_at(slice(0, n)))
-            return _Window(self.shares, (batch.start, batch.stop))
-        return self._rows_at(batch)
 
     def _rows_at(self, batch):
         """The positions of the rows of the epoch's slice ``batch``."""
@@ -1259,10 +1240,10 @@ class _DaskBatches:
             positions = self.training[positions]
         return positions
 
-    def _sums(self, engine, batch, ones=False, shared=True):
+    def _sums(self, engine, batch, ones=False):
         """The batch's loss and gradients at the current weights (None: weights sum to 0)."""
         rows = self.rows
-        positions = self._positions(batch, shared)
+        positions = self._rows_at(batch)
         weights = engine.get_weights()
         found = [r for r in rows.sums(rows.epochs["stage"], weights, positions, ones) if r]
         total = sum(r[0] for r in found)
@@ -1295,60 +1276,8 @@ class _DaskBatches:
     def is_finite(self, engine, rows):
         if not engine.weights_finite():
             return False
-        found = self._sums(engine, rows, ones=True, shared=False)  # once, after the fit
+        found = self._sums(engine, rows, ones=True)  # once, after the fit
         return found is None or bool(np.isfinite(found[0]))
-
-
-class _Shares:
-    """The rows of an epoch (``positions``: their numbers in the epoch's order) as the
-    workers receive them where a batch has more row numbers than a task carries: each
-    worker is sent its share once per epoch (and again for a new placement), ``(its
-    rows' positions in the epoch, each one's partition among the worker's, its number
-    there)``; a step's task names only the batch's window ``[start, stop)`` of the epoch
-    (:func:`_window_picks`), which gives the worker the picks the client would send."""
-
-    def __init__(self, rows, positions):
-        self.rows, self.positions = rows, positions
-        self.version, self.owner, self.sent = None, None, {}
-
-    def _send(self):
-        rows = self.rows
-        if self.version == rows.version:
-            return
-        addresses = sorted(rows.placement)
-        worker_of = np.empty(len(rows.parts), dtype=np.int32)
-        slot_of = np.empty(len(rows.parts), dtype=np.int32)
-        for w, a in enumerate(addresses):
-            ks = sorted(rows.placement[a])
-            worker_of[ks], slot_of[ks] = w, np.arange(len(ks))
-        offsets = rows.offsets
-        part = np.searchsorted(offsets, self.positions, side="right") - 1
-        owner = worker_of[part]
-        small = np.int32 if offsets[-1] < 2**31 else np.int64
-        local = (self.positions - offsets[part]).astype(small)
-        self.sent = {}
-        for w, a in enumerate(addresses):
-            where = np.flatnonzero(owner == w)
-            share = (where.astype(small), slot_of[part[where]], local[where])
-            self.sent[a] = rows._send(share, a)
-        self.owner, self.addresses, self.version = owner, addresses, rows.version
-
-    def tasks(self, start, stop):
-        """``(worker, its share's future, its partitions)`` of each worker holding rows
-        of the window ``[start, stop)``."""
-        self._send()
-        placement = self.rows.placement
-        return [
-            (a, self.sent[a], sorted(placement[a]))
-            for a in (self.addresses[w] for w in np.unique(self.owner[start:stop]))
-        ]
-
-
-class _Window:
-    """The batch ``[start, stop)`` of an epoch's rows sent as :class:`_Shares`."""
-
-    def __init__(self, shares, bounds):
-        self.shares, self.bounds = shares, bounds
 
 
 class _TrainingRows:
@@ -1444,18 +1373,20 @@ class _LocalBatches(_DaskBatches):
         self.done, self.pending = last, 0
         state = engine.get_state()
         sent = engine.get_weights() + [s for st in state["state"] for s in st]
-
         sent = [np.ascontiguousarray(w) for w in sent]
-        plan = (self.seed, self.n_steps, first, last)
+        # after each worker's share of the rows (the penalty's scale)
+        arguments = (sent, state["step"], learning_rate, (self.seed, self.n_steps, first, last))
 
-        def arguments(address, keys):  # for the placement of the moment
-            share = sum(int(self.sizes[k]) for k in keys) / self.n_rows
-            return share, sent, state["step"], learning_rate, plan
+        def calls():  # for the placement of the moment (again after a worker left)
+            return {
+                a: (sum(int(self.sizes[k]) for k in ks) / self.n_rows, *arguments)
+                for a, ks in rows.placement.items()
+            }
 
         rows = self.rows
         started = time.perf_counter()
         stage = rows.epochs["local"]
-        results = rows.serve(stage, self.dropped, "local_steps", arguments)
+        results = rows.serve(stage, self.dropped, "local_steps", calls)
         results = [r for r in results if r[0]]
         rows.rounds += 1
         logger.debug(
@@ -1768,28 +1699,13 @@ def _evaluate(payload, fit_id, stage, weights, *parts):
     return out
 
 
-def _window_picks(share, bounds, parts):
-    """The partitions and picks (``{partition: row numbers}``) of this worker's rows in
-    the window ``bounds`` of an epoch whose rows it was sent as ``share`` (see
-    :class:`_Shares`): the rows in the batch's order, partition by partition."""
-    where, slots, local = share
-    i, j = np.searchsorted(where, bounds)
-    slots, local = slots[i:j], local[i:j]
-    used = np.unique(slots)
-    return [parts[s] for s in used], {int(s): local[slots == s] for s in used}
-
-
-def _batch_sums(payload, fit_id, stage, weights, picks, bounds, size, ones, *parts):
+def _batch_sums(payload, fit_id, stage, weights, picks, size, ones, *parts):
     """``(weight, loss * weight, [gradient * weight in float64])`` of this worker's rows
-    of a batch (``picks``: row numbers in each of ``parts``; with ``bounds``, this
-    worker's share of the epoch's rows, of which the batch is the window ``bounds``:
-    :func:`_window_picks`), or None for weights summing to zero; ``ones``: weights of
-    one. The rows are padded with rows of weight zero to a multiple of an eighth of the
-    batch ``size``: a standard-backend engine then makes few graphs (one per number of
-    rows)."""
+    of a batch (``picks``: row numbers in each of ``parts``), or None for weights
+    summing to zero; ``ones``: weights of one. The rows are padded with rows of weight
+    zero to a multiple of an eighth of the batch ``size``: a standard-backend engine
+    then makes few graphs (one per number of rows)."""
     engine = _engine(payload, fit_id, stage)
-    if bounds is not None:
-        parts, picks = _window_picks(picks, bounds, parts)
     X, y, sw = _take(parts, picks)
     if ones:
         sw = np.ones_like(sw)
@@ -1878,15 +1794,25 @@ def _local_steps(payload, fit_id, stage, share, sent, step, learning_rate, plan,
 
 
 class _Server:
-    """A fit's local steps on one worker (a dask actor, made by
-    :meth:`DaskRows._servers_for` on the worker holding the partitions ``parts``): the
-    rounds of local SGD come to it as calls, which carry the weights and the optimizer
-    state there and back, rather than as tasks, whose messages the client and the
-    scheduler send in batches (every 10 and 5 ms)."""
+    """A fit's mini-batch rounds on one worker (a dask actor, made by
+    :meth:`DaskRows._servers_for` on the worker holding the partitions ``parts``, at
+    positions ``keys`` of the fit's): a step's sums (``sync_every=1``) or local SGD's
+    steps come to it as calls, which carry the weights (and the optimizer state) there
+    and back, rather than as tasks, whose messages the client and the scheduler send
+    in batches (every 10 and 5 ms) and keep after they are sent."""
 
-    def __init__(self, payload, fit_id, stage, dropped, *parts):
+    def __init__(self, payload, fit_id, stage, dropped, keys, *parts):
         self.payload, self.fit_id, self.stage = payload, fit_id, stage
-        self.dropped, self.parts = dropped, parts
+        # the partitions by their position in the fit's, in that order
+        self.dropped, self.parts = dropped, dict(zip(keys, parts))
+
+    def batch_sums(self, weights, picks, size, ones):
+        """:func:`_batch_sums` of the rows ``picks`` (``{partition position: row
+        numbers}``)."""
+        parts = [self.parts[k] for k in picks]
+        return _batch_sums(
+            self.payload, self.fit_id, self.stage, weights, picks, size, ones, *parts
+        )
 
     def local_steps(self, share, sent, step, learning_rate, plan):
         """:func:`_local_steps` on this worker's partitions."""
@@ -1900,7 +1826,7 @@ class _Server:
             learning_rate,
             plan,
             self.dropped,
-            *self.parts,
+            *self.parts.values(),
         )
 
 

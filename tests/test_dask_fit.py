@@ -369,19 +369,17 @@ def diabetes():
 
 
 def scattered(monkeypatch, sent):
-    """``sent="scattered"``: what the tasks of a round would carry, whatever its size, is
-    scattered to the workers instead (the weights at each round, a batch's rows as the
-    window of each worker's share of the epoch, the validation rows' numbers once)."""
+    """``sent="scattered"``: what a task would carry, whatever its size, is scattered to
+    the workers instead (the weights of an L-BFGS evaluation, the validation rows'
+    numbers once; a mini-batch round's calls carry theirs)."""
     if sent == "scattered":
         monkeypatch.setattr(_dask, "INLINE_BYTES", 0)
 
 
-@pytest.mark.parametrize("sent", ["in tasks", "scattered"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_sync_every_1_adam_matches_one_machine(client, backend, sent, monkeypatch):
+def test_sync_every_1_adam_matches_one_machine(client, backend):
     """Each step's batch is the one the fit in memory draws, its sums made where its
     rows are: the weights and the loss curve of the one-machine fit."""
-    scattered(monkeypatch, sent)
     X, y = diabetes()
     params = dict(optimizer="adam", max_iter=3, batch_size=32, random_state=0, backend=backend)
     template = MLPRegressor(hidden_layer_sizes=(16,), alpha=0.1)
@@ -969,12 +967,11 @@ def test_ctrl_c_keeps_the_weights_of_the_last_completed_round(client, monkeypatc
     np.testing.assert_allclose(fits[0].predict(X), fits[1].predict(X), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("sent", ["in tasks", "scattered"])
-def test_a_lost_worker_repeats_the_round_of_a_mini_batch_fit(client, monkeypatch, sent):
-    """sync_every=1: the round is run again on the rows dask computed again (what was
-    scattered to the workers sent again for the new placement); the weights of the fit
-    that lost no worker, within float32 sums' reordering."""
-    scattered(monkeypatch, sent)
+def test_a_lost_worker_repeats_the_round_of_a_mini_batch_fit(client, monkeypatch):
+    """sync_every=1: the round is run again on the rows dask computed again (the
+    servers made again for the new placement, and what was scattered to the workers
+    sent again); the weights of the fit that lost no worker, within float32 sums'
+    reordering."""
     client.wait_for_workers(2, timeout=60)
     X = da.random.RandomState(7).standard_normal((4000, 6), chunks=(500, 6)).astype("f4")
     y = X[:, 0] - 2 * X[:, 3] + 0.1
