@@ -23,7 +23,9 @@ parts, run in this order (:data:`PARTS`, a registry a later part is added to):
   resetting it (``/proc/self/clear_refs``), and a thread's samples of the RSS.
 * ``round``: the latency of one round of the fit's machinery with nothing to
   compute. (a) one task per worker pinned to it that returns at once, submitted and
-  gathered as ``DaskRows._round`` does; (b) a real evaluation of the fit's objective
+  gathered (what a validation set's predictions take); (a') a call of one actor per
+  worker that returns at once, as ``DaskRows.serve`` calls the fit's servers for
+  every training round; (b) a real evaluation of the fit's objective
   on tiny partitions (16 rows each), called repeatedly at the first point of the
   fit through a wrapper of ``scipy.optimize.minimize`` (the fit then runs as
   usual), with the ``dask round`` DEBUG records of the package's logger (the
@@ -35,12 +37,12 @@ parts, run in this order (:data:`PARTS`, a registry a later part is added to):
   fits, taking turns, ``--repeats`` times: ours on the cluster, ours in this
   process at 2 threads on the same rows gathered to NumPy block by block, the same
   at 1 thread (for information), and dask-ml's ``LogisticRegression(solver="lbfgs")``
-  on the cluster. Then one more fit on the cluster, not timed, reads dask's task
-  stream: each round's time on the client, split into the compute of the slower
-  worker's task and the rest (the scheduler, transfers, waits). Time per evaluation = fit
-  time / evaluations of the objective (ours: ``nfev`` of each
-  ``scipy.optimize.minimize`` the fit calls; dask-ml: calls of the function given
-  to ``scipy.optimize.fmin_l_bfgs_b``, counted by a wrapper); medians. Targets:
+  on the cluster. Then one more fit on the cluster, not timed, with each worker
+  timing its work in each round: each round's time on the client, split into the
+  compute of the slower worker and the rest (the calls' trips, transfers, waits).
+  Time per evaluation = fit time / evaluations of the objective (ours: ``nfev`` of
+  each ``scipy.optimize.minimize`` the fit calls; dask-ml: calls of the function
+  given to ``scipy.optimize.fmin_l_bfgs_b``, counted by a wrapper); medians. Targets:
   cluster / one process <= 1.25; dask-ml / ours on the cluster >= 3; the
   objective at each side's final weights equal within 1e-5 relative.
 
@@ -387,6 +389,14 @@ def _noop(i):
     return i
 
 
+class _Echo:
+    """An actor answering at once: what a round of the fit's servers costs with nothing
+    to compute (``DaskRows.serve``)."""
+
+    def echo(self, i):
+        return i
+
+
 @contextlib.contextmanager
 def cluster():
     """A fresh ``LocalCluster(n_workers=2, threads_per_worker=1)`` and its client; the
@@ -634,7 +644,8 @@ def part_memory(sizes: dict) -> dict:
 
 @part("round")
 def part_round(sizes: dict) -> dict:
-    """One empty round: pinned no-op tasks, and the fit's objective on tiny partitions."""
+    """One empty round: pinned no-op tasks, actor calls (how the fit's rounds go), and
+    the fit's objective on tiny partitions."""
     n_rounds = sizes["rounds"]
     out = {"rounds": n_rounds}
     with cluster() as client:
@@ -657,6 +668,29 @@ def part_round(sizes: dict) -> dict:
                 bare_round()
                 times.append(time.perf_counter() - t0)
         out["pinned_noop_task_per_worker"] = {**summary(times), "others_cpu": others.share}
+
+        # (a') the same through actors, one per worker, as the fit's rounds go
+        servers = [
+            client.submit(_Echo, workers=[a], allow_other_workers=False, actor=True)
+            for a in addresses
+        ]
+        actors = client.gather(servers)
+
+        def call_round():
+            calls = [actor.echo(k) for k, actor in enumerate(actors)]
+            return [c.result() for c in calls]
+
+        for _ in range(10):  # warm-up
+            call_round()
+        out["waited_for_quiet"].append(wait_quiet(sizes["max_wait"]))
+        times = []
+        with OthersCpu() as others:
+            for _ in range(n_rounds):
+                t0 = time.perf_counter()
+                call_round()
+                times.append(time.perf_counter() - t0)
+        out["actor_call_per_worker"] = {**summary(times), "others_cpu": others.share}
+        actors = servers = None  # released: the workers drop them
 
         # (b) the fit's own objective on tiny partitions, at the fit's first point
         columns, tiny = sizes["columns"], sizes["tiny_rows"]
@@ -690,8 +724,9 @@ def part_round(sizes: dict) -> dict:
         out["objective_in_process"] = summary(recorded["times"])
         del X, y
 
-    noop, obj, local = (
+    noop, call, obj, local = (
         out["pinned_noop_task_per_worker"],
+        out["actor_call_per_worker"],
         out["objective_on_cluster"],
         out["objective_in_process"],
     )
@@ -701,6 +736,7 @@ def part_round(sizes: dict) -> dict:
 
     out["figures"] = [
         ("empty round: one pinned no-op task per worker, submit + gather", ms(noop)),
+        ("empty round: a call of one actor per worker (the fit's rounds)", ms(call)),
         (f"empty round: the fit's objective on {2 * N_WORKERS} x {tiny} rows", ms(obj)),
         ("  of which DaskRows.sums (the DEBUG 'dask round' record)", ms(out["dask_rows_sums"])),
         ("the same objective in one process (rows in memory)", ms(local)),
@@ -848,8 +884,8 @@ def part_lbfgs(sizes: dict) -> dict:
             f"({ratios['dask_ml_over_cluster_in_solver']:.2f} x)",
         ),
         (
-            "a cluster round (one more fit, dask's task stream): on the client; compute of "
-            "the slower worker's task; the rest",
+            "a cluster round (one more fit, the workers timing their work): on the "
+            "client; compute of the slower worker; the rest",
             "; ".join(
                 f"{1e3 * split[k]['median']:.1f} ms"
                 for k in ("round_s", "slowest_task_compute_s", "rest_s")
@@ -888,25 +924,43 @@ def part_lbfgs(sizes: dict) -> dict:
     return out
 
 
-def round_split(client, X, y) -> dict:
-    """One more fit on the cluster (not timed), with dask's task stream: for each
-    round, its time on the client (the DEBUG record) and the compute time of each
-    worker's task (``_evaluate``), the rest being the scheduler, the transfers, the
-    (de)serialisation and the waits."""
-    from distributed import get_task_stream
+def _time_evaluations(collect=False):
+    """On a worker: wrap the package's ``_evaluate`` (what a server's round runs) to
+    record (start, seconds) of each call; with ``collect``, return the records and
+    unwrap."""
+    import time as _time
 
-    with get_task_stream(client) as stream, round_log() as log:
-        quiet(ours().fit, X, y)
-    tasks = []
-    for t in stream.data:
-        if not str(t["key"]).startswith("_evaluate"):
-            continue
-        compute = [s for s in t["startstops"] if s["action"] == "compute"]
-        if compute:
-            start = min(s["start"] for s in compute)
-            seconds = sum(s["stop"] - s["start"] for s in compute)
-            tasks.append((start, t["worker"], seconds))
-    tasks.sort()
+    from onnxgrad_sklearn import _dask
+
+    if collect:
+        records = list(getattr(_dask, "_bench_records", []))
+        _dask._evaluate = getattr(_dask, "_bench_original", _dask._evaluate)
+        return records
+    original = _dask._evaluate
+    _dask._bench_original, _dask._bench_records = original, []
+
+    def timed(*args, **kwargs):
+        start = _time.time()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _dask._bench_records.append((start, _time.time() - start))
+
+    _dask._evaluate = timed
+
+
+def round_split(client, X, y) -> dict:
+    """One more fit on the cluster (not timed), each worker timing its rounds' work
+    (``_evaluate``, called by its server): for each round, its time on the client (the
+    DEBUG record) and the compute time of each worker, the rest being the calls'
+    trips, the (de)serialisation and the waits."""
+    client.run(_time_evaluations)
+    try:
+        with round_log() as log:
+            quiet(ours().fit, X, y)
+    finally:
+        found = client.run(_time_evaluations, True)
+    tasks = sorted((start, w, sec) for w, recs in found.items() for start, sec in recs)
     per_round = max(1, max((n for n, _, _ in log.rounds), default=1))
     groups = [tasks[k : k + per_round] for k in range(0, len(tasks), per_round)]
     rounds = [sec for _, _, sec in log.rounds]

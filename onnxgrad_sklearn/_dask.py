@@ -10,7 +10,12 @@
   with its blocks of y and of the sample weights moved there, checked and in the
   training dtype, and takes the place of X in the shared fit (``_base._fit``). Each
   worker builds its engines once per fit from bytes sent once, with its ``nthreads``
-  (:data:`_ENGINES`); every round is one task per worker, pinned to it.
+  (:data:`_ENGINES`). A fit makes a server on each worker holding partitions (a dask
+  actor, :class:`_Server`, made by a task pinned to that worker, which hands it the
+  partitions), and every training round is one call of each server
+  (:meth:`DaskRows.serve`): the calls go to the workers without the batching of the
+  client's and the scheduler's task messages (every 10 and 5 ms), and what they carry
+  is not kept after them.
 - The full-batch L-BFGS solver (``_loops.TrainingLoops._run_lbfgs``) gets its objective from
   :meth:`DaskRows.objective`: a :class:`DaskFullBatchObjective`, the loop's
   ``_FullBatchObjective`` whose sums over chunks of rows are made on the workers, one
@@ -873,26 +878,14 @@ class DaskRows:
         return [(loss, grads) for _, loss, grads in items]
 
     def _round(self, stage, weights):
-        """One task per worker holding partitions, pinned to it, each returning its
-        chunks' sums (:func:`_evaluate`); their results, in the order of the workers'
-        addresses."""
-        client = self.client
+        """Each worker's chunks' sums at ``weights`` (:func:`_evaluate`), a call of its
+        server; in the order of the workers' addresses."""
         weights = [np.ascontiguousarray(w) for w in weights]
 
-        def tasks():  # for the placement of the moment (again after a worker left)
-            payload = self.payloads[stage][1]
-            data = weights
-            if sum(w.nbytes for w in weights) > INLINE_BYTES:
-                data = client.scatter(
-                    [weights], workers=sorted(self.placement), broadcast=True, hash=False
-                )[0]
-            return {
-                address: (_evaluate, payload, self.fit_id, stage, data)
-                + tuple(self.parts[k] for k in ks)
-                for address, ks in self.placement.items()
-            }
+        def calls():  # for the placement of the moment (again after a worker left)
+            return {address: (weights,) for address in self.placement}
 
-        return list(self._run(tasks).values())
+        return self.serve(stage, None, "evaluate", calls)
 
     def _batch_round(self, stage, weights, rows, ones=False):
         """Each worker holding rows of the batch ``rows`` (their positions) sums over
@@ -1805,6 +1798,10 @@ class _Server:
         self.payload, self.fit_id, self.stage = payload, fit_id, stage
         # the partitions by their position in the fit's, in that order
         self.dropped, self.parts = dropped, dict(zip(keys, parts))
+
+    def evaluate(self, weights):
+        """:func:`_evaluate` of all this worker's partitions."""
+        return _evaluate(self.payload, self.fit_id, self.stage, weights, *self.parts.values())
 
     def batch_sums(self, weights, picks, size, ones):
         """:func:`_batch_sums` of the rows ``picks`` (``{partition position: row
