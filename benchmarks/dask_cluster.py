@@ -658,16 +658,22 @@ def part_round(sizes: dict) -> dict:
             ]
             return client.gather(futures)
 
-        for _ in range(10):  # warm-up
-            bare_round()
-        out["waited_for_quiet"] = [wait_quiet(sizes["max_wait"])]
-        times = []
-        with OthersCpu() as others:
-            for _ in range(n_rounds):
-                t0 = time.perf_counter()
-                bare_round()
-                times.append(time.perf_counter() - t0)
-        out["pinned_noop_task_per_worker"] = {**summary(times), "others_cpu": others.share}
+        out["waited_for_quiet"] = []
+
+        def timed(one_round):
+            """``one_round`` warmed up 10 times, then timed ``n_rounds`` times."""
+            for _ in range(10):
+                one_round()
+            out["waited_for_quiet"].append(wait_quiet(sizes["max_wait"]))
+            times = []
+            with OthersCpu() as others:
+                for _ in range(n_rounds):
+                    t0 = time.perf_counter()
+                    one_round()
+                    times.append(time.perf_counter() - t0)
+            return {**summary(times), "others_cpu": others.share}
+
+        out["pinned_noop_task_per_worker"] = timed(bare_round)
 
         # (a') the same through actors, one per worker, as the fit's rounds go
         servers = [
@@ -680,16 +686,7 @@ def part_round(sizes: dict) -> dict:
             calls = [actor.echo(k) for k, actor in enumerate(actors)]
             return [c.result() for c in calls]
 
-        for _ in range(10):  # warm-up
-            call_round()
-        out["waited_for_quiet"].append(wait_quiet(sizes["max_wait"]))
-        times = []
-        with OthersCpu() as others:
-            for _ in range(n_rounds):
-                t0 = time.perf_counter()
-                call_round()
-                times.append(time.perf_counter() - t0)
-        out["actor_call_per_worker"] = {**summary(times), "others_cpu": others.share}
+        out["actor_call_per_worker"] = timed(call_round)
         actors = servers = None  # released: the workers drop them
 
         # (b) the fit's own objective on tiny partitions, at the fit's first point
