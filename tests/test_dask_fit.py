@@ -641,6 +641,66 @@ def test_a_fit_leaves_no_task_on_the_cluster(client, params):
     assert client.run_on_scheduler(_scheduler_keys) == before
 
 
+@pytest.mark.parametrize(
+    "make, short, long",
+    [
+        (lambda n: OrtGradientClassifier(LogisticRegression(), max_iter=n), 2, 12),
+        (
+            lambda n: OrtGradientRegressor(
+                MLPRegressor(hidden_layer_sizes=(8,)), optimizer="adam", max_iter=n,
+                batch_size=64, random_state=0,
+            ),
+            1, 3,
+        ),
+        (
+            lambda n: OrtGradientRegressor(
+                MLPRegressor(hidden_layer_sizes=(8,)), optimizer="adam", max_iter=n,
+                batch_size=64, random_state=0, sync_every=4,
+            ),
+            1, 3,
+        ),
+    ],
+    ids=["lbfgs", "sync", "local SGD"],
+)  # fmt: skip
+def test_rounds_are_calls_not_tasks(client, monkeypatch, make, short, long):
+    """The training rounds go to each worker's server as calls: a fit submits as many
+    tasks whatever its number of rounds (a round of tasks costs about 11 ms with
+    nothing to compute, a round of calls 2 ms: docs/dask.md)."""
+    X, y = diabetes()
+    if short == 2:  # a classifier
+        y = (y > np.median(y)).astype(np.int64)
+    Xd, yd = da.from_array(X, chunks=150), da.from_array(y, chunks=150)
+    submitted = []
+    original = distributed.Client.submit
+
+    def submit(self, func, *args, **kwargs):
+        submitted.append(getattr(func, "__name__", str(func)))
+        return original(self, func, *args, **kwargs)
+
+    monkeypatch.setattr(distributed.Client, "submit", submit)
+    counts, rounds = [], []
+    original_serve = _dask.DaskRows.serve
+
+    def serve(self, *args, **kwargs):
+        rounds.append(1)
+        return original_serve(self, *args, **kwargs)
+
+    monkeypatch.setattr(_dask.DaskRows, "serve", serve)
+    for n in (short, long):
+        submitted.clear()
+        rounds.clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            make(n).fit(Xd, yd)
+        counts.append((len(submitted), len(rounds)))
+        # a server per worker (and per stage: local SGD's last check is a sync step)
+        workers = len(client.nthreads())
+        assert submitted.count("_Server") in (workers, 2 * workers)
+    (short_tasks, short_rounds), (long_tasks, long_rounds) = counts
+    assert long_rounds > short_rounds + 2
+    assert long_tasks == short_tasks, counts
+
+
 def test_sync_every_is_ignored_for_data_in_memory():
     X, y = diabetes()
     params = dict(optimizer="adam", max_iter=2, batch_size=32, random_state=0)
