@@ -77,11 +77,12 @@ POLL_S = 1.0
 RECOVERY_S = 60.0
 #: Times one evaluation is repeated after a loss of workers, at most.
 MAX_RECOVERIES = 3
-#: What a task of a round carries (weights, the row numbers of a batch) in more bytes
-#: than this is scattered to its workers instead. What tasks carry passes through the
-#: scheduler, which keeps the last messages to each worker (as the client keeps the last
-#: it sent: ``distributed.admin.low-level-log-length``, 1000 by default): bytes in tasks
-#: stay in both processes' memory long after the round.
+#: What a task carries (a validation set's row numbers) in more bytes than this is
+#: scattered to its workers instead. What tasks carry passes through the scheduler,
+#: which keeps the last messages to each worker (as the client keeps the last it sent:
+#: ``distributed.admin.low-level-log-length``, 1000 by default): bytes in tasks stay in
+#: both processes' memory long after the round. The training rounds are calls of the
+#: workers' servers (:meth:`DaskRows.serve`), which nothing keeps.
 INLINE_BYTES = 64 << 10
 
 
@@ -361,11 +362,11 @@ class DaskRows:
         # builds an engine from, a stage; local SGD's held-out rows)
         self.payloads = {}
         self.rounds = 0
-        self.tasks = Counter()  # worker address -> tasks run
+        self.calls = Counter()  # worker address -> training rounds it served
         # the last round's tasks and what was scattered for them, released as the next
         # round is submitted (:meth:`_run`)
         self._last_round = None
-        # the mini-batch rounds' servers (:class:`_Server`, dask actors): {(placement
+        # the training rounds' servers (:class:`_Server`, dask actors): {(placement
         # version, stage, held-out rows' key): {worker: (future, actor)}}
         self._servers = {}
         self.offsets = np.zeros(1, dtype=np.int64)
@@ -798,7 +799,7 @@ class DaskRows:
                 a: (function, *given, sent[a], *[self.parts[k] for k in picks[a]]) for a in picks
             }
 
-        found = self._run(tasks, count=False)
+        found = self._run(tasks)
         out = []
         for j, first in enumerate(next(iter(found.values()))):
             result = np.empty((len(positions), *first.shape[1:]), dtype=first.dtype)
@@ -899,10 +900,10 @@ class DaskRows:
 
         return self.serve(stage, None, "batch_sums", calls)
 
-    def _run(self, tasks, count=True):
+    def _run(self, tasks):
         """Run the tasks ``tasks()`` gives (``{worker: (function, *arguments)}``), each
         pinned to its worker; ``{worker: result}`` in the order of the workers'
-        addresses (``count``: counted in :attr:`tasks`).
+        addresses.
 
         A worker that leaves meanwhile: dask computes its partitions again
         (:meth:`_recover`) and the tasks, made again for the new placement, are run
@@ -934,8 +935,6 @@ class DaskRows:
             except BaseException:  # an error on a worker, Ctrl-C: no task left behind
                 client.cancel(list(futures.values()))
                 raise
-            if count:
-                self.tasks.update(futures.keys())
             return dict(zip(futures, results))
 
     def _made(self, tasks):
@@ -1004,7 +1003,7 @@ class DaskRows:
                     raise self._lost_error(lost.addresses, parts) from None
                 self._recover(lost.addresses)
                 continue
-            self.tasks.update(made.keys())
+            self.calls.update(made.keys())
             return results
 
     def _servers_for(self, stage, dropped):
@@ -1175,9 +1174,9 @@ class DaskRows:
         self._drop_servers()
         if self.rounds:
             logger.info(
-                "fit on the dask cluster: %d rounds; tasks per worker: %s",
+                "fit on the dask cluster: %d rounds; calls per worker: %s",
                 self.rounds,
-                ", ".join(f"{a}: {n}" for a, n in sorted(self.tasks.items())),
+                ", ".join(f"{a}: {n}" for a, n in sorted(self.calls.items())),
             )
 
 
@@ -1364,22 +1363,21 @@ class _LocalBatches(_DaskBatches):
             return None, 0
         first, last = self.done, self.done + self.pending
         self.done, self.pending = last, 0
+        rows = self.rows
         state = engine.get_state()
         sent = engine.get_weights() + [s for st in state["state"] for s in st]
         sent = [np.ascontiguousarray(w) for w in sent]
-        # after each worker's share of the rows (the penalty's scale)
-        arguments = (sent, state["step"], learning_rate, (self.seed, self.n_steps, first, last))
+        plan = (self.seed, self.n_steps, first, last)
 
         def calls():  # for the placement of the moment (again after a worker left)
-            return {
-                a: (sum(int(self.sizes[k]) for k in ks) / self.n_rows, *arguments)
+            return {  # each worker's share of the rows first (it scales the penalty)
+                a: (sum(int(self.sizes[k]) for k in ks) / self.n_rows, sent, state["step"])
+                + (learning_rate, plan)
                 for a, ks in rows.placement.items()
             }
 
-        rows = self.rows
         started = time.perf_counter()
-        stage = rows.epochs["local"]
-        results = rows.serve(stage, self.dropped, "local_steps", calls)
+        results = rows.serve(rows.epochs["local"], self.dropped, "local_steps", calls)
         results = [r for r in results if r[0]]
         rows.rounds += 1
         logger.debug(

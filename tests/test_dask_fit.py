@@ -1027,22 +1027,34 @@ def test_ctrl_c_keeps_the_weights_of_the_last_completed_round(client, monkeypatc
     np.testing.assert_allclose(fits[0].predict(X), fits[1].predict(X), rtol=1e-4, atol=1e-5)
 
 
+def _graph_rows(seed):
+    """4,000 x 6 rows made by a dask graph (dask computes them again when lost)."""
+    X = da.random.RandomState(seed).standard_normal((4000, 6), chunks=(500, 6)).astype("f4")
+    return X, X[:, 0] - 2 * X[:, 3] + 0.1
+
+
+def _fits_losing_a_worker(monkeypatch, client, X, y, evaluation, **params):
+    """A (8,) MLP regressor fitted as given, then again with the worker of the first
+    partition exiting before the round ``evaluation``: both fits."""
+    template = MLPRegressor(hidden_layer_sizes=(8,))
+    with pytest.warns(ConvergenceWarning):
+        expected = OrtGradientRegressor(template, **params).fit(X, y)
+    killed = _kill_a_worker_at(monkeypatch, client, evaluation=evaluation)
+    with pytest.warns(ConvergenceWarning):
+        got = OrtGradientRegressor(template, **params).fit(X, y)
+    assert killed
+    return expected, got
+
+
 def test_a_lost_worker_repeats_the_round_of_a_mini_batch_fit(client, monkeypatch):
     """sync_every=1: the round is run again on the rows dask computed again (the
     servers made again for the new placement, and what was scattered to the workers
     sent again); the weights of the fit that lost no worker, within float32 sums'
     reordering."""
     client.wait_for_workers(2, timeout=60)
-    X = da.random.RandomState(7).standard_normal((4000, 6), chunks=(500, 6)).astype("f4")
-    y = X[:, 0] - 2 * X[:, 3] + 0.1
+    X, y = _graph_rows(7)
     params = dict(optimizer="adam", max_iter=2, batch_size=256, random_state=0)
-    template = MLPRegressor(hidden_layer_sizes=(8,))
-    with pytest.warns(ConvergenceWarning):
-        expected = OrtGradientRegressor(template, **params).fit(X, y)
-    killed = _kill_a_worker_at(monkeypatch, client, evaluation=5)
-    with pytest.warns(ConvergenceWarning):
-        got = OrtGradientRegressor(template, **params).fit(X, y)
-    assert killed
+    expected, got = _fits_losing_a_worker(monkeypatch, client, X, y, 5, **params)
     np.testing.assert_allclose(got.loss_curve_, expected.loss_curve_, rtol=1e-5)
     np.testing.assert_allclose(mlp_weights(got), mlp_weights(expected), rtol=1e-4, atol=1e-5)
     client.wait_for_workers(2, timeout=60)
@@ -1056,18 +1068,10 @@ def test_a_lost_worker_repeats_the_round_of_local_sgd(client, monkeypatch):
     SGD's result depends on which rows each worker trains on): the same epochs, a final
     loss within 5%."""
     client.wait_for_workers(2, timeout=60)
-    X = da.random.RandomState(8).standard_normal((4000, 6), chunks=(500, 6)).astype("f4")
-    y = X[:, 0] - 2 * X[:, 3] + 0.1
     # persisted: both fits start from the same placement (dask computes them again)
-    X, y = client.persist([X, y])
+    X, y = client.persist(list(_graph_rows(8)))
     params = dict(optimizer="adam", max_iter=4, batch_size=256, random_state=0, sync_every=4)
-    template = MLPRegressor(hidden_layer_sizes=(8,))
-    with pytest.warns(ConvergenceWarning):
-        expected = OrtGradientRegressor(template, **params).fit(X, y)
-    killed = _kill_a_worker_at(monkeypatch, client, evaluation=5)
-    with pytest.warns(ConvergenceWarning):
-        got = OrtGradientRegressor(template, **params).fit(X, y)
-    assert killed
+    expected, got = _fits_losing_a_worker(monkeypatch, client, X, y, 5, **params)
     assert got.n_iter_ == 4 and len(got.loss_curve_) == 4
     # the first epoch, before the loss: the same rounds on the same workers
     np.testing.assert_allclose(got.loss_curve_[0], expected.loss_curve_[0], rtol=1e-5)
