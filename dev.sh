@@ -49,6 +49,7 @@ case "${1:-}" in
         shift
         "$VENV/bin/python" -m ruff check onnxgrad_sklearn tests benchmarks examples
         "$VENV/bin/python" -m ruff format --check onnxgrad_sklearn tests benchmarks examples
+        "$VENV/bin/lint-imports" --no-cache   # the layers in pyproject.toml
         "$VENV/bin/python" -m pytest "$@"
         if [ "${SKIP313:-0}" != "1" ] && ! $(python313) --version >/dev/null 2>&1; then
             # CI has it (pyenv's 3.13.0); elsewhere the second suite needs it installed

@@ -11,11 +11,13 @@ import logging
 
 # onnx, skl2onnx and onnxruntime are imported on first use (fit, predict, to_onnx,
 # unpickling), which also checks the onnxruntime installation (runtime.bindings).
-from . import families, templates
+from . import families, templates  # noqa: F401  (imported with the package, as before)
 from ._config import config_context, get_config, set_config
 from .classifier import OrtGradientClassifier
 from .exceptions import ConvergenceError
 from .regressor import OrtGradientRegressor
+from ._trusted import SKOPS_TRUSTED_TYPES
+from ._version import __version__  # noqa: F401
 
 __all__ = [
     "ConvergenceError",
@@ -27,34 +29,6 @@ __all__ = [
     "get_config",
     "set_config",
 ]
-
-__version__ = "0.1.0"
-
-
-#: Types to pass as ``trusted`` to ``skops.io.load`` for a fitted estimator of
-#: this package (besides scikit-learn's own, which skops trusts by default).
-def _trusted_types():
-    from . import losses, optim
-
-    def name(cls):
-        return f"{cls.__module__}.{cls.__qualname__}"
-
-    fixed = [
-        OrtGradientClassifier,
-        OrtGradientRegressor,
-        templates.ConvertedTemplate,
-        families.ParamRef,
-        optim.LearningRateSchedule,
-        losses.OneVsRestLogLoss,
-    ]
-    registered = [*optim._OPTIMIZERS.values(), *losses._LOSSES.values()]
-    names = [name(cls) for cls in fixed + registered]
-    # fitted before the model families had their own module
-    names.append("onnxgrad_sklearn.templates.ParamRef")
-    return sorted(set(names))
-
-
-SKOPS_TRUSTED_TYPES = _trusted_types()
 
 logging.getLogger("onnxgrad_sklearn").addHandler(logging.NullHandler())
 

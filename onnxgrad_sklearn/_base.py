@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import hashlib
 import logging
 import numbers
 import sys
@@ -33,6 +32,7 @@ from ._frames import (
     validate_validation_data,
     with_head,
 )
+from ._hashing import fingerprint
 from ._lazy import lazy
 from ._loops import (
     _CHUNK_VALUES,
@@ -727,14 +727,18 @@ class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
 
         # the sessions' CUDA options are read when the engine is made: TF32 is in the key
         tf32 = get_config()["allow_tf32"]
-        key = _fingerprint((loss, optimizer, *penalty, self.device, self.backend, threads, tf32))
+        key = fingerprint(
+            (loss, optimizer, *penalty, self.device, self.backend, threads, tf32), params=True
+        )
         engine = self.__dict__.get("_engine")
         if engine is None or key != self._engine_key:
             engine = self._new_engine(loss, optimizer, penalty)
             self.backend_ = engine.backend
             previous = self.__dict__.get("_engine")
             saved = self.__dict__.pop("_optimizer_state", None)
-            if previous is not None and _fingerprint(previous.optimizer) == _fingerprint(optimizer):
+            if previous is not None and fingerprint(previous.optimizer, params=True) == fingerprint(
+                optimizer, params=True
+            ):
                 saved = previous.get_state()
             self._engine = engine
             self._engine_key = key
@@ -977,32 +981,6 @@ def _refuse_unfitted_head(template):
             "model may stay unfitted), or pass a Pipeline whose preprocessing is fitted, "
             "or use fit on the whole data."
         )
-
-
-#: Values per call when a sparse X is densified (or the full batch split): 16 MB of float32.
-def _fingerprint(value) -> str:
-    """A digest equal for two values exactly when they are equal in every parameter.
-
-    Estimator-like objects (losses, optimizers) by their type and ``get_params``,
-    protobuf messages (ONNX graphs) by their bytes, arrays by dtype, shape and bytes.
-    """
-
-    def canonical(v):
-        if isinstance(v, BaseEstimator):
-            params = sorted(v.get_params(deep=False).items())
-            kind = f"{type(v).__module__}.{type(v).__qualname__}"
-            return (kind, tuple((k, canonical(p)) for k, p in params))
-        if hasattr(v, "SerializeToString"):
-            return (type(v).__qualname__, v.SerializeToString(deterministic=True))
-        if isinstance(v, np.ndarray):
-            return ("ndarray", v.dtype.str, v.shape, v.tobytes())
-        if isinstance(v, (list, tuple)):
-            return (type(v).__name__, tuple(canonical(x) for x in v))
-        if isinstance(v, dict):
-            return ("dict", tuple(sorted((repr(k), canonical(x)) for k, x in v.items())))
-        return (type(v).__qualname__, repr(v))
-
-    return hashlib.sha256(repr(canonical(value)).encode()).hexdigest()
 
 
 def _dask_input(*values) -> bool:

@@ -264,12 +264,11 @@ def _width(y):
 # workers' versions ----------------------------------------------------------
 def _versions() -> dict:
     """The versions of this package and of onnxruntime in this process."""
-    import onnxgrad_sklearn
-
+    from ._version import __version__
     from .runtime import import_onnxruntime
 
     return {
-        "onnxgrad_sklearn": onnxgrad_sklearn.__version__,
+        "onnxgrad_sklearn": __version__,
         "onnxruntime": import_onnxruntime().__version__,
     }
 

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .ortgrad import MAX_IR_VERSION, MAX_OPSET
+from ._passes import MAX_IR_VERSION, MAX_OPSET
 
 __all__ = ["GraphBuilder"]
 

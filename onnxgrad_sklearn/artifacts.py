@@ -50,7 +50,7 @@ import warnings
 from collections import OrderedDict
 from pathlib import Path
 
-import numpy as np
+from ._hashing import canonical, describable, digest, fingerprint
 
 __all__ = [
     "CACHE_ENV",
@@ -125,64 +125,6 @@ class Artifact:
 
 
 # keys ---------------------------------------------------------------------------
-def canonical(value, depth: int = 0):
-    """A hashable, deterministic description of ``value`` for a key.
-
-    Estimator-like objects by their type and attributes (``vars``), protobuf
-    messages by their bytes, arrays by dtype, shape and a digest of their bytes.
-    An object that cannot be described (too deep, or of an unknown type) gets its
-    identity, so that two of them never share a key: a cache miss, never a wrong hit.
-    """
-    if value is None or isinstance(value, (bool, int, float, str, bytes)):
-        return (type(value).__name__, repr(value))
-    if isinstance(value, np.generic):
-        return ("np", value.dtype.str, repr(value.item()))
-    if isinstance(value, np.ndarray):
-        if value.dtype == object:
-            return ("ndarray-object", value.shape, tuple(repr(x) for x in value.ravel()))
-        data = np.ascontiguousarray(value).tobytes()
-        return ("ndarray", value.dtype.str, value.shape, hashlib.sha256(data).hexdigest())
-    if isinstance(value, (list, tuple)):
-        return (type(value).__name__, tuple(canonical(v, depth + 1) for v in value))
-    if isinstance(value, dict):
-        items = sorted((repr(k), canonical(v, depth + 1)) for k, v in value.items())
-        return ("dict", tuple(items))
-    if isinstance(value, (set, frozenset)):
-        return (type(value).__name__, tuple(sorted(repr(v) for v in value)))
-    if hasattr(value, "SerializeToString"):
-        return (type(value).__qualname__, value.SerializeToString(deterministic=True))
-    kind = f"{type(value).__module__}.{type(value).__qualname__}"
-    if isinstance(value, type):
-        return ("type", f"{value.__module__}.{value.__qualname__}")
-    if depth < 6 and hasattr(value, "__dict__") and _plain_type(value):
-        return (kind, canonical(vars(value), depth + 1))
-    return ("opaque", kind, id(value))
-
-
-def _plain_type(value) -> bool:
-    # scikit-learn's objects and this package's: their attributes say what they are
-    module = type(value).__module__.split(".")[0]
-    return module in ("sklearn", "onnxgrad_sklearn", "skl2onnx")
-
-
-def describable(value) -> bool:
-    """Whether :func:`canonical` describes ``value`` without an object's identity."""
-    return not _opaque(canonical(value))
-
-
-def _opaque(described) -> bool:
-    if not isinstance(described, tuple):
-        return False
-    if described and described[0] == "opaque":
-        return True
-    return any(_opaque(part) for part in described)
-
-
-def fingerprint(value) -> str:
-    """A digest equal for two values exactly when :func:`canonical` describes them alike."""
-    return hashlib.sha256(repr(canonical(value)).encode()).hexdigest()
-
-
 @functools.cache
 def code_digest() -> str:
     """Digest of this package's own source files (an editable install changes them)."""
@@ -202,7 +144,7 @@ def _versions() -> tuple:
             found.append((name, importlib.metadata.version(name)))
         except importlib.metadata.PackageNotFoundError:
             continue
-    from . import __version__
+    from ._version import __version__
 
     found.append(("onnxgrad-sklearn", __version__))
     found.append(("python", f"{sys.version_info[0]}.{sys.version_info[1]}"))
@@ -238,11 +180,6 @@ def stable_key(kind: str, parts) -> str | None:
     if not describable(parts):
         return None
     return make_key(kind, parts)
-
-
-def digest(data: bytes) -> str:
-    """A short digest of ``data`` (serialized graphs in a key)."""
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
 # where --------------------------------------------------------------------------

@@ -366,9 +366,11 @@ def _digest(value) -> str:
 
 def _params_digests(estimator) -> dict:
     """One digest per parameter of ``estimator`` (its ``get_params(deep=False)``)."""
-    from ._base import _fingerprint
+    from ._hashing import fingerprint
 
-    return {k: _fingerprint(v) for k, v in sorted(estimator.get_params(deep=False).items())}
+    return {
+        k: fingerprint(v, params=True) for k, v in sorted(estimator.get_params(deep=False).items())
+    }
 
 
 def _data_digests(data) -> dict:

@@ -160,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
         Parser with the subcommands ``fit``, ``predict`` and ``demo``. Its
         errors print one line on stderr and exit with code 2.
     """
-    from . import __version__
+    from ._version import __version__
 
     parser = _Parser(
         prog=PROG,
@@ -588,7 +588,7 @@ def _load_skops(path: str, trust: bool):
         raise ImportError(
             f"loading {path} needs skops, which is not installed: {_SKOPS_HINT}"
         ) from exc
-    from . import SKOPS_TRUSTED_TYPES
+    from ._trusted import SKOPS_TRUSTED_TYPES
 
     try:
         untrusted = sio.get_untrusted_types(file=path)
@@ -960,7 +960,8 @@ def _scaling(scaler) -> tuple[float, float]:
 
 # fit: train -------------------------------------------------------------------------
 def _make_estimator(args, chosen: _Template, loss):
-    from . import OrtGradientClassifier, OrtGradientRegressor
+    from .classifier import OrtGradientClassifier
+    from .regressor import OrtGradientRegressor
 
     cls = OrtGradientClassifier if chosen.task == "classification" else OrtGradientRegressor
     # every setting explicit, so that the CLI does not follow the estimators' defaults
@@ -1236,7 +1237,7 @@ def _write_estimator(model, path: str) -> None:
     except ImportError:
         _warn(f"saved estimator skipped: skops is not installed ({_SKOPS_HINT})")
         return
-    from . import SKOPS_TRUSTED_TYPES
+    from ._trusted import SKOPS_TRUSTED_TYPES
 
     try:
         sio.dump(model, path)

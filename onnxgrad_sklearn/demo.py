@@ -65,9 +65,8 @@ def run(epochs: int = DEFAULT_EPOCHS, out: str = DEFAULT_OUT) -> int:
     from sklearn.neural_network import MLPRegressor
     from sklearn.preprocessing import StandardScaler
 
-    from onnxgrad_sklearn import OrtGradientRegressor
-    from onnxgrad_sklearn.optim import Nesterov
-
+    from .optim import Nesterov
+    from .regressor import OrtGradientRegressor
     from .runtime import import_onnxruntime
 
     X, y = load_diabetes(return_X_y=True)
@@ -144,7 +143,7 @@ def run(epochs: int = DEFAULT_EPOCHS, out: str = DEFAULT_OUT) -> int:
         matplotlib.use("Agg")  # write files only, no window
         import matplotlib.pyplot as plt
 
-        from onnxgrad_sklearn.plotting import plot_loss_curve
+        from .plotting import plot_loss_curve
 
         fig, ax = plt.subplots(figsize=(7, 4.5))
         plot_loss_curve(reg, ax=ax)

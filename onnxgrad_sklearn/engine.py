@@ -32,6 +32,7 @@ import numpy as np
 from . import artifacts, backends, runtime
 from ._config import get_config
 from ._lazy import lazy
+from ._names import BATCH, LOSS, PENALTY_INPUTS, SAMPLE_WEIGHT, Y_TRUE
 from .backends import Backend, build_plan, find_plan, make_backend
 from .losses import BaseLoss
 from .optim import BaseOptimizer
@@ -51,13 +52,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("onnxgrad_sklearn")
-
-Y_NAME = "y_true"
-SW_NAME = "sample_weight"
-LOSS_NAME = "loss"
-BATCH = "batch"
-#: The training graph's inputs holding the L2 and L1 coefficients of the penalty.
-PENALTY_INPUTS = ("penalty_l2", "penalty_l1")
 
 
 def penalty_coefficients(alpha: float, l1_ratio: float, penalized: Sequence[str]) -> dict:
@@ -128,9 +122,9 @@ def build_training_graph(
     pred = g.op("Reshape", output_name, g.const([-1, n_outputs], np.int64))
     if loss_input is not None:
         pred = loss_input(g, pred)
-    per_sample = loss.build(g, pred, Y_NAME)
-    sw_sum = g.sum(SW_NAME)
-    total = g.div(g.sum(g.mul(per_sample, SW_NAME)), sw_sum)
+    per_sample = loss.build(g, pred, Y_TRUE)
+    sw_sum = g.sum(SAMPLE_WEIGHT)
+    total = g.div(g.sum(g.mul(per_sample, SAMPLE_WEIGHT)), sw_sum)
     coefficients = penalty_coefficients(alpha, l1_ratio, penalized)
     if coefficients:
         l2 = l1 = None
@@ -148,7 +142,7 @@ def build_training_graph(
             terms.append(g.mul(l1, PENALTY_INPUTS[1]))
         penalty = terms[0] if len(terms) == 1 else g.add(*terms)
         total = g.add(total, g.div(penalty, sw_sum))
-    g.identity(total, LOSS_NAME)
+    g.identity(total, LOSS)
 
     out = onnx.ModelProto()
     out.CopyFrom(model)
@@ -164,14 +158,14 @@ def build_training_graph(
             dims[0].dim_param = BATCH
     graph.input.extend(
         [
-            tensor_info(Y_NAME, [BATCH, None], g.elem_type),
-            tensor_info(SW_NAME, [BATCH], g.elem_type),
+            tensor_info(Y_TRUE, [BATCH, None], g.elem_type),
+            tensor_info(SAMPLE_WEIGHT, [BATCH], g.elem_type),
         ]
         + [tensor_info(name, [], g.elem_type) for name in coefficients]
     )
     y_true = len(graph.input) - 2 - len(coefficients)
     del graph.output[:]
-    graph.output.append(tensor_info(LOSS_NAME, [], g.elem_type))
+    graph.output.append(tensor_info(LOSS, [], g.elem_type))
     # With every shape of the loss part known (no Reshape to -1, the width of y_true
     # given), the gradient builder resolves its broadcasting at build time too.
     renamed, shapes = _drop_noop_reshapes(out)
@@ -465,8 +459,7 @@ class TrainingEngine:
         self.backend = plan.backend
         self._backend: Backend = make_backend(
             self.backend,
-            training=None,
-            model=None,
+            plan=plan,
             output_name=output_name,
             weight_names=self.weight_names,
             start=start,
@@ -474,7 +467,6 @@ class TrainingEngine:
             device=device,
             options=session_options(threads),
             update_options=session_options(threads=1),
-            plan=plan,
             constants=coefficients,
         )
         if self.backend == "standard":

@@ -439,7 +439,7 @@ def _retype_to_double(graph: onnx.GraphProto, where: str) -> bool:
 
 def _check_loss_types(graph: onnx.GraphProto) -> None:
     """Refuse a converted loss graph whose types do not check (onnx's strict inference)."""
-    from .ortgrad import MAX_OPSET
+    from ._passes import MAX_OPSET
 
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", MAX_OPSET)])
     try:

@@ -18,6 +18,7 @@ import pytest
 from _golden import float64_loss
 from onnx import numpy_helper
 
+from onnxgrad_sklearn.backends import build_plan
 from onnxgrad_sklearn.backends.standard import StandardBackend
 from onnxgrad_sklearn.optim import SGD
 
@@ -36,13 +37,11 @@ def _case(name):
 
 def _standard(model, names):
     inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    start = [inits[n] for n in names]
+    shapes = [w.shape for w in start]
+    plan = build_plan("standard", model, None, names, shapes, SGD(), "cpu")
     return StandardBackend(
-        training=model,
-        model=None,
-        output_name=None,
-        weight_names=names,
-        start=[inits[n] for n in names],
-        optimizer=SGD(),
+        plan=plan, output_name=None, weight_names=names, start=start, optimizer=SGD()
     )
 
 

@@ -19,7 +19,7 @@ from onnx import TensorProto, helper
 from sklearn.neural_network import MLPClassifier, MLPRegressor
 
 from onnxgrad_sklearn import OrtGradientClassifier, OrtGradientRegressor, _passes
-from onnxgrad_sklearn.backends import standard
+from onnxgrad_sklearn.backends import build_plan, standard
 from onnxgrad_sklearn.optim import SGD, Adam
 
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
@@ -207,9 +207,12 @@ def test_rewritten_step_gives_the_same_update(batch, optimizer, monkeypatch):
                 patch.setattr(standard, "_simplify", _names_only)
             estimator = _regressor(hidden=(16, 1, 4))
             backend = _backend(estimator)
+            names, start = backend.weight_names, backend.get_weights()
+            shapes = [w.shape for w in start]
+            training = estimator._engine.training
+            plan = build_plan("standard", training, None, names, shapes, optimizer, "cpu")
             fresh = standard.StandardBackend(
-                training=estimator._engine.training,
-                model=None,
+                plan=plan,
                 output_name=None,
                 weight_names=backend.weight_names,
                 start=backend.get_weights(),

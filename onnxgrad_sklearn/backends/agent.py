@@ -44,7 +44,7 @@ from ..runtime import (
     session_providers,
     to_ortvalue,
 )
-from . import Backend, shared_session
+from .base import Backend, shared_session
 
 # imported on first use: a fit whose plan is cached parses no graph
 onnx = lazy("onnx")
@@ -552,8 +552,8 @@ class AgentBackend(Backend):
 
     name = "agent"
 
-    def __init__(self, training, model, output_name, weight_names, start, optimizer, **kwargs):
-        super().__init__(training, model, output_name, weight_names, start, optimizer, **kwargs)
+    def __init__(self, plan, output_name, weight_names, start, optimizer, **kwargs):
+        super().__init__(plan, output_name, weight_names, start, optimizer, **kwargs)
         self.forward_backward = OrtGradientForwardBackward(
             None,
             self.weight_names,

@@ -33,6 +33,7 @@ import numpy as np
 
 from .. import artifacts
 from .._lazy import lazy
+from .._names import BATCH, LOSS, PENALTY_INPUTS, TARGETS, Y_TRUE
 from ..runtime import (
     LARGE_MODEL,
     DeviceBuffers,
@@ -43,7 +44,7 @@ from ..runtime import (
     ortvalue_view,
     to_ortvalue,
 )
-from . import Backend, all_finite, warn, zero_derivative_warning
+from .base import Backend, all_finite, warn, zero_derivative_warning
 
 # imported on first use: a fit whose graphs are cached imports neither
 onnx = lazy("onnx")
@@ -62,10 +63,6 @@ __all__ = [
 
 logger = logging.getLogger("onnxgrad_sklearn")
 
-BATCH = "batch"
-TARGETS = "targets"
-Y_TRUE = "y_true"
-LOSS = "loss"
 SEED = "adj_loss"
 #: Prefix of the update graph's names inside the fused graph.
 UPDATE = "update/"
@@ -299,8 +296,6 @@ def step_graph(
 
 def _constant_names(model) -> set:
     """The inputs of a training graph a fit gives once (the penalty's coefficients)."""
-    from ..engine import PENALTY_INPUTS
-
     return {i.name for i in model.graph.input} & set(PENALTY_INPUTS)
 
 
@@ -422,8 +417,8 @@ class StandardBackend(Backend):
 
     name = "standard"
 
-    def __init__(self, training, model, output_name, weight_names, start, optimizer, **kwargs):
-        super().__init__(training, model, output_name, weight_names, start, optimizer, **kwargs)
+    def __init__(self, plan, output_name, weight_names, start, optimizer, **kwargs):
+        super().__init__(plan, output_name, weight_names, start, optimizer, **kwargs)
         on_device = self.providers[0] != "CPUExecutionProvider"
         if on_device and self.dtype == np.float64:
             raise ValueError(

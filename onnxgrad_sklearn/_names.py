@@ -1,0 +1,14 @@
+"""The names of the training graph's inputs and outputs, which the engine, the
+backends and the passes share (one definition each)."""
+
+#: The batch dimension's name in the training graph.
+BATCH = "batch"
+#: The training graph's targets input, and the name of its second dimension.
+Y_TRUE = "y_true"
+TARGETS = "targets"
+#: The training graph's per-row weights input.
+SAMPLE_WEIGHT = "sample_weight"
+#: The training graph's output: the weighted mean loss of the batch, penalty included.
+LOSS = "loss"
+#: The training graph's inputs holding the L2 and L1 coefficients of the penalty.
+PENALTY_INPUTS = ("penalty_l2", "penalty_l1")
