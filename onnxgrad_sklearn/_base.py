@@ -11,7 +11,6 @@ import sys
 import warnings
 
 import numpy as np
-import scipy.sparse as sp
 from sklearn.base import BaseEstimator, is_classifier
 from sklearn.exceptions import DataConversionWarning
 from sklearn.utils import check_random_state, get_tags
@@ -25,6 +24,15 @@ from ._callbacks import (
     shallow_state,
     uses_validation_data,
 )
+from ._data import (
+    MemoryRows,
+    MemoryValidation,
+    as_rows,
+    is_rows,
+    run_by_chunks,
+    smooth_penalty,
+)
+from ._fit import PROGRESS, SETTINGS, Fit
 from ._frames import (
     join_head,
     run_raw,
@@ -34,15 +42,6 @@ from ._frames import (
 )
 from ._hashing import fingerprint
 from ._lazy import lazy
-from ._loops import (
-    _CHUNK_VALUES,
-    TrainingLoops,
-    _as_rows,
-    _is_rows,
-    _rows,
-    _slices,
-    _smooth_penalty,
-)
 from .families import dropped_settings, family_of
 from .losses import BaseLoss, get_loss
 from .optim import OPTIMIZER_NAMES, SGD, BaseOptimizer, LearningRateSchedule, get_optimizer
@@ -86,7 +85,7 @@ DEFERRED = _Deferred()
 logger = logging.getLogger("onnxgrad_sklearn")
 
 
-class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
+class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
     """Common parameters, fit loop and ONNX export of the estimators.
 
     With scikit-learn >= 1.9, ``set_callbacks`` sets scikit-learn's callbacks
@@ -364,13 +363,13 @@ class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
     def _fit(self, X, y, sample_weight=None, incremental=False, classes=None, validation=None):
         """Validate, initialise, train. ``validation``: ``(X_val, y_val,
         sample_weight_val)`` given to ``fit`` (None: none given)."""
-        if not _is_rows(X) and _dask_input(X, y, sample_weight):
+        if not is_rows(X) and _dask_input(X, y, sample_weight):
             from ._dask import fit_dask  # on a cluster's workers, or computed here
 
             return fit_dask(self, X, y, sample_weight, incremental, classes, validation)
         first_call = not ((self.warm_start or incremental) and hasattr(self, "_converted"))
         # what the callbacks receive, as given (a dask collection for rows on a cluster)
-        given = (X.collection if _is_rows(X) else X, y, sample_weight)
+        given = (X.collection if is_rows(X) else X, y, sample_weight)
         given_validation = None if validation is None or validation[0] is None else validation
         # Until training starts, a failure (bad input, a loss that cannot be built)
         # puts every attribute back: the estimator stays as it was (validate_data
@@ -399,7 +398,7 @@ class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
                 SGD() if full_batch else optimizer,
                 reset=not incremental,
                 # L-BFGS-B adds the L1 part itself, over bound-constrained variables
-                penalty=_smooth_penalty(self._penalty) if full_batch else self._penalty,
+                penalty=smooth_penalty(self._penalty) if full_batch else self._penalty,
             )
             # scikit-learn's callbacks: one task per epoch or L-BFGS iteration, none for
             # partial_fit's one epoch (NO_TASK without callbacks); their setup may refuse
@@ -417,19 +416,53 @@ class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
         # training: made again at its end, or by predict should the fit stop half-way.
         self._session = self._logit_session = None
         self._release_trained_values(engine)
+        rows = X if is_rows(X) else MemoryRows(X, y2d, sample_weight)
+        fit = self._new_fit(rows, engine, loss, optimizer, task, incremental, validation)
         try:
             if full_batch:
-                self._run_lbfgs(engine, X, y2d, sample_weight, optimizer, loss, task)
+                fit.run_lbfgs()
             else:
-                if _is_rows(X):  # partitions on a dask cluster: their workers' engines
-                    X.start_epochs(self, loss, engine)
-                self._run_epochs(engine, X, y2d, sample_weight, incremental, validation, task)
+                rows.start_epochs(self, loss, engine)
+                fit.run_epochs()
         finally:
+            # the fit's results, as it ended (an error or Ctrl-C included)
+            self.__dict__.update(fit.progress())
             if not incremental:  # partial_fit goes on in the same sessions at its next call
                 engine.release_sessions()
             self._store_weights(engine.get_weights())
         task.finish()
         return self
+
+    def _new_fit(self, rows, engine, loss, optimizer, task, incremental, validation) -> Fit:
+        """The :class:`~onnxgrad_sklearn._fit.Fit` of this call: the estimator's settings,
+        its fitted counters to go on from, the engine and the rows."""
+        params = self.get_params(deep=False)
+        penalty = self._penalty
+        return Fit(
+            {name: params[name] for name in SETTINGS},
+            {name: self.__dict__[name] for name in PROGRESS if name in self.__dict__},
+            engine=engine,
+            rows=rows,
+            loss=loss,
+            optimizer=optimizer,
+            penalty=penalty,
+            penalized=self._penalized_mask(),
+            make_engine=self._new_engine,
+            score_validation=self._score_validation,
+            stratify=self._stratify,
+            name=type(self).__name__,
+            classifier=is_classifier(self),
+            task=task,
+            incremental=incremental,
+            validation=validation,
+            holds_out=holds_out_validation(self),
+            source_context=self,
+        )
+
+    def _penalized_mask(self):
+        """Whether each trained weight is penalised."""
+        conv = self._converted
+        return [conv.params[k].penalized for k in self._trained_indices()]
 
     def _validate_fit_input(self, X, y, sample_weight, first_call, incremental, classes):
         """Check everything a fit receives, before anything reaches the runtime."""
@@ -443,7 +476,7 @@ class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
         loss = self._objective(final)
         optimizer = self._solver(final, incremental)
         dtype = self._fit_dtype(first_call)  # None: X's own, as MLPRegressor
-        if _is_rows(X):  # partitions on a dask cluster (_dask.py): checked where they are
+        if is_rows(X):  # partitions on a dask cluster (_dask.py): checked where they are
             dtype = X.training_dtype(dtype)
             self._check_runtime(dtype)
             X, y2d, sample_weight, fitted = X.validate(
@@ -471,7 +504,7 @@ class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
             )
             y = y.ravel()
         dtype = X.dtype if dtype is None else dtype
-        X = _as_rows(X, dtype)  # a sparse X stays sparse: batches are densified one by one
+        X = as_rows(X, dtype)  # a sparse X stays sparse: batches are densified one by one
         y2d, fitted = self._validate_targets(y, first_call, incremental, classes)
         y2d = np.ascontiguousarray(y2d, dtype=dtype)
         sample_weight = _check_sample_weight(sample_weight, X, dtype=dtype)
@@ -526,7 +559,7 @@ class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
                 "(solver='lbfgs')): use optimizer='adam' (or another stochastic one), or "
                 "fit without them."
             )
-        if _is_rows(X) and _dask_input(X_val):
+        if is_rows(X) and _dask_input(X_val):
             return X.validation_set(self, X_val, y_val, sw_val, y2d.shape[1])
         X_val = validate_validation_data(self, X_val, y2d.dtype)
         y_val = np.ascontiguousarray(self._validation_targets(y_val, fitted), dtype=y2d.dtype)
@@ -538,7 +571,7 @@ class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
         sw_val = _check_sample_weight(sw_val, X_val, dtype=y2d.dtype)
         if not np.any(sw_val):
             raise ValueError("sample_weight_val must contain at least one non-zero number.")
-        return X_val, y_val, sw_val
+        return MemoryValidation(X_val), y_val, sw_val
 
     def _fit_dtype(self, first_call):
         """The training dtype asked for (None: X's), or for a continued fit the model's."""
@@ -920,16 +953,11 @@ class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
         X = validate_data(
             self, X, reset=False, accept_sparse=["csr", "csc"], dtype=[np.float32, np.float64]
         )
-        X = _as_rows(X, self._converted.dtype)  # the graph's input type
+        X = as_rows(X, self._converted.dtype)  # the graph's input type
         # made here after a fit that stopped while storing, and for a callback's
         # fitted_estimator (the sessions it predicts with, when it first predicts)
         session = self._trained_session() if trained_graph else self._export_session()
-        feed, names = _io_names(session)
-        if not sp.issparse(X):
-            return dict(zip(names, session.run(None, {feed: X})))
-        rows = max(1, _CHUNK_VALUES // max(X.shape[1], 1))  # densified chunk by chunk
-        parts = [session.run(None, {feed: _rows(X, c)}) for c in _slices(X.shape[0], rows)]
-        return {name: np.concatenate([p[k] for p in parts]) for k, name in enumerate(names)}
+        return run_by_chunks(session, X)
 
 
 #: What scikit-learn's callback support sets on the estimator during a fit (its
@@ -958,15 +986,6 @@ def _multi_output(final) -> bool:
             return False
         _MULTI_OUTPUT[kind] = found
     return found
-
-
-def _io_names(session):
-    """``(first input, output names)`` of an inference session, read once per session."""
-    names = getattr(session, "_onnxgrad_io", None)
-    if names is None:
-        names = (session.get_inputs()[0].name, [o.name for o in session.get_outputs()])
-        session._onnxgrad_io = names
-    return names
 
 
 def _refuse_unfitted_head(template):

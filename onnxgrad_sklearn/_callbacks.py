@@ -212,6 +212,9 @@ def _no_sessions():
 class _NoTask:
     """The tasks of a fit without callbacks: every call does nothing."""
 
+    def show(self, attributes) -> None:
+        pass
+
     def begin(self, name, weights, attributes=None) -> None:
         pass
 
@@ -262,6 +265,11 @@ class FitTask:
         self.root.call_on_fit_task_begin(estimator=estimator, **self.data)
         self.leaf = max_subtasks == 0  # partial_fit: its one epoch is the task itself
         self.current = None
+
+    def show(self, attributes) -> None:
+        """Show the callbacks the fit's progress: ``attributes`` (the fitted attributes
+        as the fit would leave them now) set on the estimator they are given."""
+        self.estimator.__dict__.update(attributes)
 
     def _fitted(self, weights, attributes):
         """``reconstruction_attributes``: evaluated by scikit-learn only when a hook

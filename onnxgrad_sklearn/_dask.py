@@ -16,12 +16,12 @@
   (:meth:`DaskRows.serve`): the calls go to the workers without the batching of the
   client's and the scheduler's task messages (every 10 and 5 ms), and what they carry
   is not kept after them.
-- The full-batch L-BFGS solver (``_loops.TrainingLoops._run_lbfgs``) gets its objective from
+- The full-batch L-BFGS solver (``_fit.Fit.run_lbfgs``) gets its objective from
   :meth:`DaskRows.objective`: a :class:`DaskFullBatchObjective`, the loop's
   ``_FullBatchObjective`` whose sums over chunks of rows are made on the workers, one
   round per evaluation; the client adds them in the order of the partitions and
   chunks, in float64, and applies the penalty as for rows in memory.
-- A mini-batch optimizer (``_loops.TrainingLoops._run_epochs``) gets its batches from
+- A mini-batch optimizer (``_fit.Fit.run_epochs``) gets its batches from
   :meth:`DaskRows.batches` (:class:`_DaskBatches`): each step's batch is the one the
   fit in memory draws; the workers holding its rows sum the loss and its gradients
   over them, the client adds the sums and the penalty and makes the update
@@ -59,15 +59,13 @@ from collections import Counter, OrderedDict
 import numpy as np
 
 from ._dask_head import _sample
-from ._loops import (
-    _CHUNK_VALUES,
-    _as_rows,
-    _FullBatchObjective,
-    _penalty_terms,
-    _rows,
-    _slices,
-    batch_rows,
-)
+from ._data import CHUNK_VALUES as _CHUNK_VALUES
+from ._data import FullBatchObjective as _FullBatchObjective
+from ._data import as_rows as _as_rows
+from ._data import batch_rows
+from ._data import penalty_terms as _penalty_terms
+from ._data import slices as _slices
+from ._data import take_rows as _rows
 
 logger = logging.getLogger("onnxgrad_sklearn")
 
@@ -340,7 +338,7 @@ class DaskRows:
     :meth:`sums` makes there. Only its ``shape`` and ``dtype`` are read as X's.
     """
 
-    _onnxgrad_rows = True  # what _loops._is_rows looks for
+    _onnxgrad_rows = True  # what _data.is_rows looks for
 
     def __init__(self, client, X, fit=None):
         self.client = client
@@ -466,7 +464,7 @@ class DaskRows:
             len(self.placement),
             ", ".join(f"{a}: {len(k)}" for a, k in sorted(self.placement.items())),
         )
-        y2d = _RowsView(self, (n_samples, spec["width"]), dtype)
+        y2d = self.y = _RowsView(self, (n_samples, spec["width"]), dtype)
         return self, y2d, _RowsView(self, (n_samples,), dtype), fitted
 
     def _prepare_parts(self, xs, ys, ws, addresses, spec, validation=False):
@@ -705,7 +703,7 @@ class DaskRows:
 
     # the objective -----------------------------------------------------------
     def objective(self, est, loss, engine, penalized, alpha, l1_ratio, l1=0.0):
-        """The full-batch objective of these rows (see ``_loops._full_batch_objective``)."""
+        """The full-batch objective of these rows (the data interface of ``_data``)."""
         return DaskFullBatchObjective(self, est, loss, engine, penalized, alpha, l1_ratio, l1=l1)
 
     def start_epochs(self, est, loss, engine):
@@ -827,7 +825,7 @@ class DaskRows:
         return self.client.scatter([value], workers=[address], hash=False)[0]
 
     def batches(self, order):
-        """The batches of an epoch in ``order`` (``_loops._batches``)."""
+        """The batches of an epoch in ``order`` (the data interface of ``_data``)."""
         if self.epochs["sync_every"] > 1:
             return _LocalBatches(self, order)
         return _DaskBatches(self, order)
@@ -1250,7 +1248,7 @@ class _DaskBatches:
         return loss, [(g + p) / total for g, p in zip(grads, penalty_grads)]
 
     def train(self, engine, batch, learning_rate):
-        """One synchronous step (``_loops._MemoryBatches.train``)."""
+        """One synchronous step (``_data.MemoryBatches.train``)."""
         found = self._sums(engine, batch)
         if found is None:
             return None, 0

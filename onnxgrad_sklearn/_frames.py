@@ -19,7 +19,6 @@ import copy
 import sys
 
 import numpy as np
-from sklearn.utils import gen_batches
 from sklearn.utils.validation import check_array, check_X_y, validate_data
 
 #: The kinds of raw columns, as the ONNX input types they become.
@@ -274,7 +273,7 @@ def with_head(head, template, final):
 def run_raw(est, X, trained_graph: bool) -> dict:
     """Outputs by name of the exported model on the raw columns of ``X``, or of the
     trained graph on the head's output (``trained_graph``), run in scikit-learn."""
-    from ._loops import _CHUNK_VALUES, _as_rows, _rows
+    from ._data import as_rows, run_by_chunks
 
     check_raw_frame(est, X)
     dtype = est._converted.dtype
@@ -288,12 +287,7 @@ def run_raw(est, X, trained_graph: bool) -> dict:
     Xt = check_array(
         _head(est.estimator_).transform(X), accept_sparse=["csr", "csc"], dtype=[dtype]
     )
-    Xt = _as_rows(Xt, dtype)
-    feed = session.get_inputs()[0].name
-    names = [o.name for o in session.get_outputs()]
-    rows = max(1, _CHUNK_VALUES // max(Xt.shape[1], 1))  # a sparse output densified by chunks
-    parts = [session.run(None, {feed: _rows(Xt, c)}) for c in gen_batches(Xt.shape[0], rows)]
-    return {name: np.concatenate([p[k] for p in parts]) for k, name in enumerate(names)}
+    return run_by_chunks(session, as_rows(Xt, dtype))  # a sparse output densified by chunks
 
 
 def validate_validation_data(est, X_val, dtype):
@@ -305,7 +299,7 @@ def validate_validation_data(est, X_val, dtype):
     the features ``X`` had (names included), which the trained graph takes as it
     takes ``X``: the head of a template Pipeline is part of that graph.
     """
-    from ._loops import _as_rows
+    from ._data import as_rows
 
     if "_raw_columns" in est.__dict__:
         check_raw_frame(est, X_val)
@@ -314,4 +308,4 @@ def validate_validation_data(est, X_val, dtype):
         X_val = check_array(head.transform(X_val), accept_sparse=["csr", "csc"], dtype=dtype)
     else:
         X_val = validate_data(est, X_val, reset=False, accept_sparse=["csr", "csc"], dtype=dtype)
-    return _as_rows(X_val, dtype)
+    return as_rows(X_val, dtype)

@@ -996,7 +996,7 @@ def test_ctrl_c_keeps_the_weights_of_the_last_completed_round(client, monkeypatc
     """Interrupted at its 21st step, a fit on the cluster keeps the weights after 20,
     as a fit in memory interrupted at the same step does."""
     X, y = diabetes()
-    from onnxgrad_sklearn import _loops
+    from onnxgrad_sklearn import _data
 
     def interrupted(cls):
         original, calls = cls.train, []
@@ -1012,7 +1012,7 @@ def test_ctrl_c_keeps_the_weights_of_the_last_completed_round(client, monkeypatc
     fits = []
     for cls, data in [
         (_dask._DaskBatches, (da.from_array(X, chunks=150), da.from_array(y, chunks=150))),
-        (_loops._MemoryBatches, (X, y)),
+        (_data.MemoryBatches, (X, y)),
     ]:
         interrupted(cls)
         est = OrtGradientRegressor(

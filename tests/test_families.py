@@ -386,7 +386,7 @@ def test_lbfgs_follows_mlpregressor_lbfgs_from_the_same_start():
 
 
 def test_lbfgs_over_chunks_gives_the_whole_sets_loss_and_gradient(monkeypatch):
-    from onnxgrad_sklearn import _loops
+    from onnxgrad_sklearn import _data
 
     X, y = _diabetes()
     whole = OrtGradientRegressor(MLPRegressor(hidden_layer_sizes=(5,)), optimizer="lbfgs")
@@ -394,7 +394,7 @@ def test_lbfgs_over_chunks_gives_the_whole_sets_loss_and_gradient(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         whole.set_params(max_iter=5, random_state=0, alpha=0.1).fit(X, y, sample_weight=weights)
-        monkeypatch.setattr(_loops._FullBatchObjective, "chunk_values", 10 * 37)  # 37 rows
+        monkeypatch.setattr(_data.FullBatchObjective, "chunk_values", 10 * 37)  # 37 rows
         chunked = copy.deepcopy(whole).set_params(warm_start=False).fit(X, y, weights)
     np.testing.assert_allclose(chunked.loss_curve_, whole.loss_curve_, rtol=1e-5)
     for a, b in zip(chunked.estimator_.coefs_, whole.estimator_.coefs_):

@@ -11,7 +11,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.neural_network import MLPRegressor
 from sklearn.preprocessing import StandardScaler
 
-from onnxgrad_sklearn import OrtGradientRegressor, _loops
+from onnxgrad_sklearn import OrtGradientRegressor, _fit
 from onnxgrad_sklearn.losses import OnnxLoss
 
 
@@ -150,7 +150,7 @@ def test_progress_shows_each_epoch_with_its_loss_and_warns_after_the_bar(monkeyp
     def progress(show, total, desc, unit, leave=True):
         return _RecordingBar(events, total) if show and unit == "epoch" else None
 
-    monkeypatch.setattr(_loops, "_progress", progress)
+    monkeypatch.setattr(_fit, "_progress", progress)
 
     def showwarning(message, *args, **kwargs):
         events.append(("warning", str(message)))

@@ -176,7 +176,7 @@ def test_partial_fit_with_other_classes_raises_as_mlpclassifier():
 def test_epoch_order_is_sklearn_shuffles():
     from sklearn.utils import shuffle
 
-    from onnxgrad_sklearn._loops import _shuffled
+    from onnxgrad_sklearn._data import shuffled as _shuffled
 
     ours, theirs = np.random.RandomState(3), np.random.RandomState(3)
     a = b = np.arange(57)
@@ -190,7 +190,7 @@ def test_epoch_order_is_sklearn_shuffles():
 def test_batches_are_gen_batches(n, size):
     from sklearn.utils import gen_batches
 
-    from onnxgrad_sklearn._loops import _slices
+    from onnxgrad_sklearn._data import slices as _slices
 
     assert _slices(n, size) == list(gen_batches(n, size))
 

@@ -13,8 +13,7 @@ from sklearn.linear_model import LogisticRegression, Ridge
 from sklearn.neural_network import MLPClassifier, MLPRegressor
 from sklearn.utils import get_tags
 
-import onnxgrad_sklearn._base as base_module
-import onnxgrad_sklearn._loops as loops_module
+import onnxgrad_sklearn._data as data_module
 from onnxgrad_sklearn import OrtGradientClassifier, OrtGradientRegressor
 
 rng = np.random.RandomState(0)
@@ -40,9 +39,8 @@ def _fit(est, X, y, method="fit", **kwargs):
 @pytest.fixture
 def small_chunks(monkeypatch):
     # A few rows per chunk: L-BFGS, predict and the validation split go over several.
-    monkeypatch.setattr(base_module, "_CHUNK_VALUES", 7 * 30)
-    monkeypatch.setattr(loops_module, "_CHUNK_VALUES", 7 * 30)
-    monkeypatch.setattr(loops_module._FullBatchObjective, "chunk_values", 7 * 30)
+    monkeypatch.setattr(data_module, "CHUNK_VALUES", 7 * 30)
+    monkeypatch.setattr(data_module.FullBatchObjective, "chunk_values", 7 * 30)
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "lbfgs"])
