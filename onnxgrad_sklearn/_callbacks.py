@@ -24,6 +24,9 @@ import dataclasses
 
 import numpy as np
 
+from ._fit import NO_TASK
+from ._model import store_weights
+
 try:  # scikit-learn >= 1.9
     from sklearn.callback import CallbackSupportMixin, with_callbacks
 except ImportError:  # scikit-learn < 1.9: no callback API, the estimators work as before
@@ -182,17 +185,13 @@ def fitted_state(estimator, weights, attributes=None) -> dict:
     from .templates import _copy_sharing_arrays
 
     probe = object.__new__(type(estimator))
-    probe.__dict__.update(estimator.__dict__)  # _store_weights replaces what it changes
+    probe.__dict__.update(estimator.__dict__)  # store_weights replaces what it changes
     probe.__dict__.update(attributes or {})
     probe._converted = dataclasses.replace(estimator._converted)
     probe.estimator_ = _copy_sharing_arrays(estimator.estimator_)
     # the predict sessions are made by the copy's first predict (_run_onnx), not here:
     # a callback that does not predict (one that saves the copy) does not pay for them
-    probe.__dict__["_make_sessions"] = _no_sessions
-    try:
-        probe._store_weights(weights)
-    finally:
-        del probe.__dict__["_make_sessions"]
+    store_weights(probe, weights, sessions=False)
     located = probe.__dict__.get("_export_converted")
     if located is not None:  # converted for the export once per fit, not once per epoch
         estimator.__dict__.setdefault("_export_converted", located)
@@ -203,42 +202,6 @@ def fitted_state(estimator, weights, attributes=None) -> dict:
     # every snapshot a callback keeps.
     changed["_skl_callbacks"] = []
     return changed
-
-
-def _no_sessions():
-    """Stands in for ``_make_sessions`` while a ``fitted_estimator`` is built."""
-
-
-class _NoTask:
-    """The tasks of a fit without callbacks: every call does nothing."""
-
-    def show(self, attributes) -> None:
-        pass
-
-    def begin(self, name, weights, attributes=None) -> None:
-        pass
-
-    def end(self, weights, attributes=None) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
-
-    def finish(self) -> None:
-        pass
-
-    def expose(self, weights, held_rows, incremental=False):
-        return None
-
-    def resume(self):
-        return None
-
-    def conceal(self) -> None:
-        pass
-
-
-#: The tasks of a fit with no callback set.
-NO_TASK = _NoTask()
 
 
 class FitTask:

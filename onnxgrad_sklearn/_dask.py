@@ -106,7 +106,9 @@ def fit_dask(est, X, y, sample_weight, incremental, classes, validation):
         return est._fit(X, y, sample_weight, incremental, classes, tuple(validation))
     if validation is not None and any(v is not None for v in validation):
         if _optimizer(est).full_batch:  # it takes no validation set: refused before any work
-            est._validate_validation_data(validation, None, None, _optimizer(est))
+            from ._setup import validate_validation_data
+
+            validate_validation_data(est, validation, None, None, _optimizer(est))
         X_val = validation[0]
         # a dask X_val is kept on the workers and scored there (DaskRows.validation_set);
         # one in memory is scored here, its targets and weights computed into memory
@@ -518,7 +520,7 @@ class DaskRows:
 
     def validation_set(self, est, X_val, y_val, sample_weight_val, outputs):
         """A validation set given to ``fit`` as dask collections, checked as one in memory
-        is (``_base._validate_validation_data``) and kept on the workers that hold the
+        is (``_setup.validate_validation_data``) and kept on the workers that hold the
         blocks of ``X_val``, prepared as the training partitions are (y's classes, the
         training dtype, X through the head the training rows went through), without
         class weights; ``outputs``: the columns of the encoded y.
@@ -1932,7 +1934,9 @@ def run_method(est, name, X, *args, **kwargs):
         args, kwargs = _compute(_get_client(), args, kwargs)
         return getattr(est, name)(X, *args, **kwargs)
     check_is_fitted(est)
-    est._check_weights_stored(name)
+    from ._model import check_weights_stored
+
+    check_weights_stored(est, name)
     if name == "score":
         return _score(est, X, *args, **kwargs)
     if args or kwargs:

@@ -27,6 +27,8 @@ rows is one more implementation; the fit does not know which it has.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import scipy.sparse as sp
 
@@ -188,6 +190,15 @@ def _io_names(session):
         names = (session.get_inputs()[0].name, [o.name for o in session.get_outputs()])
         session._onnxgrad_io = names
     return names
+
+
+def dask_input(*values) -> bool:
+    """Whether one of ``values`` is a dask collection (dask is not imported to tell)."""
+    if "dask" not in sys.modules:
+        return False
+    from dask.base import is_dask_collection
+
+    return any(is_dask_collection(v) for v in values)
 
 
 def is_rows(X) -> bool:

@@ -26,7 +26,6 @@ import warnings
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 
-from ._callbacks import NO_TASK
 from ._data import batch_rows, shuffled, slices, smooth_penalty
 from .exceptions import ConvergenceError
 from .optim import SGD, LearningRateSchedule
@@ -64,6 +63,38 @@ SETTINGS = (
 _UNSET = object()
 
 
+class _NoTask:
+    """The tasks of a fit without callbacks: every call does nothing."""
+
+    def show(self, attributes) -> None:
+        pass
+
+    def begin(self, name, weights, attributes=None) -> None:
+        pass
+
+    def end(self, weights, attributes=None) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+    def expose(self, weights, held_rows, incremental=False):
+        return None
+
+    def resume(self):
+        return None
+
+    def conceal(self) -> None:
+        pass
+
+
+#: The tasks of a fit with no callback set.
+NO_TASK = _NoTask()
+
+
 class Fit:
     """The training of one ``fit`` or ``partial_fit`` call.
 
@@ -97,7 +128,7 @@ class Fit:
     classifier : bool
         Whether the targets are classes.
     task : FitTask, default=NO_TASK
-        The callbacks' tasks.
+        The callbacks' tasks (``_callbacks.FitTask``).
     incremental : bool, default=False
         A ``partial_fit`` call: one epoch, no early stopping.
     validation : tuple or None

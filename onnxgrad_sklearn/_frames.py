@@ -270,20 +270,19 @@ def with_head(head, template, final):
     return Pipeline(list(head.steps) + [(template.steps[-1][0], final)])
 
 
-def run_raw(est, X, trained_graph: bool) -> dict:
-    """Outputs by name of the exported model on the raw columns of ``X``, or of the
-    trained graph on the head's output (``trained_graph``), run in scikit-learn."""
+def run_raw(est, X, session, trained_graph: bool) -> dict:
+    """Outputs by name of ``session``: the exported model's on the raw columns of ``X``,
+    or the trained graph's on the head's output (``trained_graph``), run in
+    scikit-learn."""
     from ._data import as_rows, run_by_chunks
 
     check_raw_frame(est, X)
     dtype = est._converted.dtype
     if not trained_graph:
-        session = est._export_session()
         inputs = [i.name for i in session.get_inputs()]
         names = [o.name for o in session.get_outputs()]
         feed = column_feed(X, est._raw_columns, inputs, dtype)
         return dict(zip(names, session.run(None, feed)))
-    session = est._trained_session()
     Xt = check_array(
         _head(est.estimator_).transform(X), accept_sparse=["csr", "csc"], dtype=[dtype]
     )

@@ -14,6 +14,7 @@ from sklearn.utils.class_weight import compute_sample_weight
 from sklearn.utils.multiclass import check_classification_targets, type_of_target, unique_labels
 from sklearn.utils.validation import check_array, check_is_fitted, column_or_1d
 
+from . import _model
 from . import losses as _losses
 from ._base import BaseOrtGradient, dask_aware
 from ._callbacks import with_callbacks
@@ -451,7 +452,7 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
             The logit of the second class for a binary problem, one logit per
             class otherwise (as LogisticRegression).
         """
-        out = self._run_onnx(X, trained_graph=True)[self._converted.output_name]
+        out = _model.run_onnx(self, X, trained_graph=True)[self._converted.output_name]
         out = out.astype(np.float64).reshape(len(out), -1)
         return out.ravel() if out.shape[1] == 1 else out
 
@@ -489,7 +490,7 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         check_is_fitted(self)
         if not isinstance(self._loss_, _losses.ModifiedHuber):
             return np.exp(self.predict_log_proba(X))
-        outputs = self._run_onnx(X)
+        outputs = _model.run_onnx(self, X)
         proba = list(outputs.values())[1]  # the graph's outputs in order: label, probabilities
         return proba.astype(np.float64).reshape(proba.shape[0], len(self.classes_))
 

@@ -11,6 +11,7 @@ from sklearn.utils._available_if import available_if
 from sklearn.utils._param_validation import StrOptions
 from sklearn.utils.validation import _check_y
 
+from . import _model
 from ._base import BaseOrtGradient, dask_aware
 from ._callbacks import with_callbacks
 from ._docs import document
@@ -231,7 +232,7 @@ class OrtGradientRegressor(RegressorMixin, BaseOrtGradient):
             Predictions, float64 (from the float64 graph after a
             ``dtype="float64"`` fit, copies of its float32 output otherwise).
         """
-        outputs = self._run_onnx(X)
+        outputs = _model.run_onnx(self, X)
         pred = list(outputs.values())[0].astype(np.float64)  # the graph's first output
         return pred.ravel() if self.n_outputs_ == 1 else pred.reshape(-1, self.n_outputs_)
 

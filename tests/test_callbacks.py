@@ -19,7 +19,7 @@ from sklearn.neural_network import MLPClassifier
 from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import OneHotEncoder, StandardScaler
 
-from onnxgrad_sklearn import OrtGradientClassifier
+from onnxgrad_sklearn import OrtGradientClassifier, _model
 
 callback = pytest.importorskip("sklearn.callback", reason="scikit-learn < 1.9: no callback API")
 ScoringMonitor = callback.ScoringMonitor
@@ -154,7 +154,7 @@ def test_a_classifiers_fitted_estimator_makes_only_the_session_it_predicts_with(
     assert snapshot.__dict__.get("_logit_session") is not None
     assert snapshot.__dict__.get("_session") is None
     # the exported graph's session, when asked for, gives the same labels
-    labels = snapshot._run_onnx(X)[snapshot._export_session().get_outputs()[0].name]
+    labels = _model.run_onnx(snapshot, X)[_model.export_session(snapshot).get_outputs()[0].name]
     np.testing.assert_array_equal(labels, clf.predict(X))
     # the fitted estimator itself made both at the end of its fit
     assert clf._session is not None and clf._logit_session is not None

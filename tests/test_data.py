@@ -11,7 +11,7 @@ import scipy.sparse as sp
 from sklearn.model_selection import train_test_split
 from sklearn.neural_network import MLPRegressor
 
-from onnxgrad_sklearn import OrtGradientRegressor, _data
+from onnxgrad_sklearn import OrtGradientRegressor, _data, _model
 from onnxgrad_sklearn._data import (
     FullBatchObjective,
     MemoryRows,
@@ -143,7 +143,7 @@ def test_run_by_chunks_gives_a_fitted_models_outputs_by_name(monkeypatch):
     est = OrtGradientRegressor(
         MLPRegressor(hidden_layer_sizes=(4,)), max_iter=2, random_state=0
     ).fit(X, y.ravel())
-    session = est._export_session()
+    session = _model.export_session(est)
     whole = run_by_chunks(session, X.toarray())
     monkeypatch.setattr(_data, "CHUNK_VALUES", 7 * 5)
     chunked = run_by_chunks(session, X)

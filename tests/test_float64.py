@@ -571,7 +571,7 @@ def test_dtype_none_follows_x():
 
 
 def test_agent_backend_with_float64_is_refused_before_conversion(monkeypatch):
-    import onnxgrad_sklearn._base as base
+    import onnxgrad_sklearn._setup as base
 
     def no_conversion(*args, **kwargs):
         raise AssertionError("converted before the backend was checked")

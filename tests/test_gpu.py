@@ -17,7 +17,7 @@ import pytest
 from _helpers import BACKENDS
 from onnx import TensorProto, helper
 
-from onnxgrad_sklearn import OrtGradientClassifier, OrtGradientRegressor, config_context
+from onnxgrad_sklearn import OrtGradientClassifier, OrtGradientRegressor, _model, config_context
 from onnxgrad_sklearn.runtime import DeviceBuffers, bindings, make_session, session_providers
 
 HAS_CUDA = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
@@ -241,10 +241,10 @@ def test_prediction_sessions_of_a_cuda_fit_get_its_device_index_and_tf32(monkeyp
     X = np.random.RandomState(0).randn(40, 3)
     est = OrtGradientRegressor(max_iter=2).fit(X, X[:, 0])
     est.device = "cuda:1"  # as if fitted there
-    monkeypatch.setattr("onnxgrad_sklearn._base.device_to_providers", lambda device: (None, 1))
+    monkeypatch.setattr("onnxgrad_sklearn._model.device_to_providers", lambda device: (None, 1))
     made = _recording_sessions(monkeypatch)
     with config_context(allow_tf32=allow_tf32):
-        est._make_sessions()
+        _model.make_sessions(est)
     cuda = {"device_id": "1", "use_tf32": "1" if allow_tf32 else "0"}
     assert made and all(p[0] == "CUDAExecutionProvider" for p, _ in made)
     assert all(options == [cuda, {}] for _, options in made)

@@ -424,13 +424,13 @@ def test_a_fit_stopped_while_storing_its_weights_leaves_a_usable_estimator(monke
     est = OrtGradientRegressor(
         MLPRegressor(hidden_layer_sizes=(6,)), max_iter=2, warm_start=True, random_state=0
     ).fit(X, y)
-    from onnxgrad_sklearn import _base
+    from onnxgrad_sklearn import _model
 
-    def broken(self):
+    def broken(est, now=False):
         raise RuntimeError("export failed")
 
     with monkeypatch.context() as patch:
-        patch.setattr(_base.BaseOrtGradient, "_export", broken)
+        patch.setattr(_model, "export", broken)
         with pytest.raises(RuntimeError, match="export failed"):
             est.fit(X, y)
     # the sessions dropped before the new model was made are made again on demand
