@@ -1,6 +1,7 @@
 """Former home of the TrainingAgent wrappers, kept for the names it exported.
 
-The runtime helpers now live in :mod:`onnxgrad_sklearn.runtime`, the graph
+The runtime helpers now live in :mod:`onnxgrad_sklearn.runtime` (:class:`BoundRun` in
+:mod:`onnxgrad_sklearn.backends.buffers`), the graph
 rewrites in :mod:`onnxgrad_sklearn._passes`, and the TrainingAgent classes in
 :mod:`onnxgrad_sklearn.backends.agent` (imported on first use of
 :class:`TrainingAgent` or :class:`OrtGradientForwardBackward` here, which needs
@@ -18,8 +19,8 @@ from ._passes import (
     rewrite_relu_grad,
     static_shapes,
 )
+from .backends.buffers import BoundRun
 from .runtime import (
-    BoundRun,
     OrtValue,
     device_to_providers,
     ortvalue_view,

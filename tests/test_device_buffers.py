@@ -1,7 +1,7 @@
 """The CUDA code path of the standard backend, run on the CPU.
 
 On CUDA the standard backend keeps the weights and the optimizer state in
-runtime memory on the device (``runtime.DeviceBuffers``), binds each weight by
+runtime memory on the device (``backends.buffers.DeviceBuffers``), binds each weight by
 address (the vector's ``data_ptr()`` plus an offset) and binds everything a step
 reads anew at every call. ``standard.DEVICE_BUFFERS_ON_CPU`` runs that very code
 on CPU memory: these tests check it against the CPU path (numpy buffers), and the
@@ -23,15 +23,9 @@ from sklearn.neural_network import MLPClassifier, MLPRegressor
 from onnxgrad_sklearn import OrtGradientClassifier, OrtGradientRegressor, config_context, runtime
 from onnxgrad_sklearn import backends as backends_module
 from onnxgrad_sklearn.backends import standard
+from onnxgrad_sklearn.backends.buffers import ALIGNMENT, DeviceBuffers, DoubleBuffers
 from onnxgrad_sklearn.optim import Nesterov
-from onnxgrad_sklearn.runtime import (
-    ALIGNMENT,
-    DeviceBuffers,
-    DoubleBuffers,
-    bindings,
-    ort_device,
-    session_providers,
-)
+from onnxgrad_sklearn.runtime import bindings, ort_device, session_providers
 
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 

@@ -32,8 +32,6 @@ import numpy as np
 from .._lazy import lazy
 from ..runtime import (
     SESSIONS,
-    BoundRun,
-    DoubleBuffers,
     OrtValue,
     device_to_providers,
     options_key,
@@ -45,6 +43,7 @@ from ..runtime import (
     to_ortvalue,
 )
 from .base import Backend, shared_session
+from .buffers import BoundRun, DoubleBuffers
 
 # imported on first use: a fit whose plan is cached parses no graph
 onnx = lazy("onnx")
@@ -544,8 +543,9 @@ class AgentBackend(Backend):
 
     :class:`OrtGradientForwardBackward` runs forward and backward; the
     optimizer's update graph runs in a second session. On CPU an element-wise
-    rule updates one flat vector per set of :class:`~onnxgrad_sklearn.runtime.DoubleBuffers`
-    (nothing allocated per batch, a free undo); otherwise each update returns
+    rule updates one flat vector per set of
+    :class:`~onnxgrad_sklearn.backends.buffers.DoubleBuffers` (nothing allocated
+    per batch, a free undo); otherwise each update returns
     new values per weight. See :class:`~onnxgrad_sklearn.backends.Backend` for
     the parameters.
     """

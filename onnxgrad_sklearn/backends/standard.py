@@ -7,8 +7,8 @@ passes of :mod:`onnxgrad_sklearn._passes` follow: the seed made a constant,
 nodes no output needs removed, seed-axis transposes made reshapes, batch sums
 made matrix products, and the optimizer's update rule merged in. One call of
 the session through IO binding then runs forward, loss, backward and update,
-reading one set of :class:`~onnxgrad_sklearn.runtime.DoubleBuffers` (CPU) or
-:class:`~onnxgrad_sklearn.runtime.DeviceBuffers` (CUDA: device memory bound by
+reading one set of :class:`~onnxgrad_sklearn.backends.buffers.DoubleBuffers` (CPU) or
+:class:`~onnxgrad_sklearn.backends.buffers.DeviceBuffers` (CUDA: device memory bound by
 address) and writing another: nothing is allocated per batch and undoing the
 last step is free. A batch with a non-finite loss must leave the set the undo goes
 back to as it was: small models keep a third set to write into; from
@@ -36,8 +36,6 @@ from .._lazy import lazy
 from .._names import BATCH, LOSS, PENALTY_INPUTS, TARGETS, Y_TRUE
 from ..runtime import (
     LARGE_MODEL,
-    DeviceBuffers,
-    DoubleBuffers,
     bindings,
     import_onnxruntime,
     ort_device,
@@ -45,6 +43,7 @@ from ..runtime import (
     to_ortvalue,
 )
 from .base import Backend, all_finite, warn, zero_derivative_warning
+from .buffers import DeviceBuffers, DoubleBuffers
 
 # imported on first use: a fit whose graphs are cached imports neither
 onnx = lazy("onnx")
@@ -94,8 +93,9 @@ def memory_pattern_grows() -> bool:
     return tuple(parts) >= (1, 20)
 
 
-#: Train CPU fits through the device code path (:class:`~onnxgrad_sklearn.runtime.DeviceBuffers`
-#: in runtime memory, bound by address, everything rebound at each call) instead of
+#: Train CPU fits through the device code path
+#: (:class:`~onnxgrad_sklearn.backends.buffers.DeviceBuffers` in runtime memory, bound
+#: by address, everything rebound at each call) instead of
 #: numpy buffers: the code CUDA runs, for tests on machines without a GPU.
 DEVICE_BUFFERS_ON_CPU = False
 
@@ -233,7 +233,7 @@ def step_graph(
     ``update/new_param_<i>`` / ``update/new_<state>_<i>`` (per weight).
 
     ``pads[i]`` (flat rules only): unused elements after weight ``i`` in the
-    vectors (:class:`~onnxgrad_sklearn.runtime.DeviceBuffers` aligns each weight);
+    vectors (:class:`~onnxgrad_sklearn.backends.buffers.DeviceBuffers` aligns each weight);
     their gradient is zero, so an element-wise rule leaves them as they are.
 
     ``guard=True``: the backward pass and the update run only after a finite loss
@@ -408,8 +408,8 @@ class StandardBackend(Backend):
 
     See :class:`~onnxgrad_sklearn.backends.Backend` for the parameters. On the
     CPU the weights and optimizer state live in numpy memory
-    (:class:`~onnxgrad_sklearn.runtime.DoubleBuffers`); on CUDA in device memory
-    (:class:`~onnxgrad_sklearn.runtime.DeviceBuffers`, bound by address), where
+    (:class:`~onnxgrad_sklearn.backends.buffers.DoubleBuffers`); on CUDA in device memory
+    (:class:`~onnxgrad_sklearn.backends.buffers.DeviceBuffers`, bound by address), where
     they stay from batch to batch: only the batch and the learning rate go to
     the device, and the loss comes back. :data:`DEVICE_BUFFERS_ON_CPU` runs a
     CPU fit through the device code.
