@@ -22,6 +22,7 @@ from sklearn.neural_network import MLPClassifier, MLPRegressor
 
 from onnxgrad_sklearn import OrtGradientClassifier, OrtGradientRegressor, config_context, runtime
 from onnxgrad_sklearn import backends as backends_module
+from onnxgrad_sklearn.backends import base as backends_base
 from onnxgrad_sklearn.backends import standard
 from onnxgrad_sklearn.backends.buffers import ALIGNMENT, DeviceBuffers, DoubleBuffers
 from onnxgrad_sklearn.optim import Nesterov
@@ -343,7 +344,7 @@ def simulated_cuda(monkeypatch):
         onnxruntime, "get_available_providers", lambda: ["CUDAExecutionProvider", *available]
     )
     monkeypatch.setattr(backends_module, "agent_available", lambda: False)  # onnxruntime-gpu
-    real_buffers, real_session = standard.DeviceBuffers, backends_module.make_session
+    real_buffers, real_session = standard.DeviceBuffers, backends_base.make_session
     made = []
 
     def buffers(*args, device, **kwargs):
@@ -355,7 +356,7 @@ def simulated_cuda(monkeypatch):
         return real_session(model, options, ["CPUExecutionProvider"], [{}], **kwargs)
 
     monkeypatch.setattr(standard, "DeviceBuffers", buffers)
-    monkeypatch.setattr(backends_module, "make_session", session)
+    monkeypatch.setattr(backends_base, "make_session", session)  # shared_session calls it
     runtime.SESSIONS.clear()  # none made by an earlier test: each is recorded
     return made
 
