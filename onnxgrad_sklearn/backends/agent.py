@@ -322,7 +322,8 @@ class OrtGradientForwardBackward:
             Input and output names, the forward feeds and backward fetches, the
             number of forward outputs, the differentiable outputs.
         """
-        from .._passes import pin_versions, rewrite_batch_sums, rewrite_relu_grad
+        from .._passes import pin_versions
+        from .agent_passes import rewrite_batch_sums, rewrite_relu_grad
 
         model = onnx.ModelProto()
         model.CopyFrom(onnx_model)

@@ -3,7 +3,8 @@
 The gradient graph comes from ``onnx_ad.reverse`` (standard ONNX operators, no
 training kernels) on the training graph with the weights as inputs and the
 batch dimension fixed (one graph per batch size met, a handful in a fit). The
-passes of :mod:`onnxgrad_sklearn._passes` follow: the seed made a constant,
+passes of :mod:`onnxgrad_sklearn._passes` and
+:mod:`onnxgrad_sklearn.backends.standard_passes` follow: the seed made a constant,
 nodes no output needs removed, seed-axis transposes made reshapes, batch sums
 made matrix products, and the optimizer's update rule merged in. One call of
 the session through IO binding then runs forward, loss, backward and update,
@@ -121,7 +122,8 @@ def gradient_graph(
     ValueError
         When onnx-ad has no rule for an operator on the differentiated path.
     """
-    from .._passes import constant_input, fix_dimension, pin_versions, rewrite_sigmoid_adjoints
+    from .._passes import constant_input, fix_dimension, pin_versions
+    from .standard_passes import rewrite_sigmoid_adjoints
 
     fixed = onnx.ModelProto()
     fixed.CopyFrom(graph)
@@ -177,10 +179,8 @@ def _simplify(model: onnx.ModelProto) -> None:
     the tensors they replace, and the leading sums record the shapes of those they
     make (same graphs as with a second inference on the 12 graphs checked).
     """
-    from .._passes import (
-        drop_identities,
-        merge_duplicate_nodes,
-        prune,
+    from .._passes import drop_identities, merge_duplicate_nodes, prune, static_shapes
+    from .standard_passes import (
         rewrite_broadcast_expands,
         rewrite_leading_sums,
         rewrite_noop_expands,
@@ -189,7 +189,6 @@ def _simplify(model: onnx.ModelProto) -> None:
         rewrite_sum_of_squares,
         rewrite_unit_reductions,
         rewrite_unit_transposes,
-        static_shapes,
     )
 
     prune(model)
@@ -243,7 +242,7 @@ def step_graph(
     it builds as a training artifact.
     """
     from .._graph import model_dtype
-    from .._passes import merge_update
+    from .standard_passes import merge_update
 
     flat = bool(optimizer.elementwise)
     dtype = model_dtype(graph)
