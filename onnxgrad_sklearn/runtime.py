@@ -1,4 +1,4 @@
-"""Runtime helpers both backends use: devices, ``OrtValue`` views, IO-bound runs.
+"""Runtime helpers the package uses: threads, devices, sessions, ``OrtValue`` helpers.
 
 Everything here exists in every onnxruntime build, the plain inference package
 (``onnxruntime``, ``onnxruntime-gpu``) as well as the training build
@@ -6,28 +6,27 @@ Everything here exists in every onnxruntime build, the plain inference package
 binding. The training bindings (``TrainingAgent``, ``OrtModuleGraphBuilder``)
 are only touched by :mod:`onnxgrad_sklearn.backends.agent`. Devices: the
 providers and provider options of every session (:func:`session_providers`),
-and training buffers in device memory bound by address (:class:`DeviceBuffers`).
-Sessions made from a training artifact's graphs are shared by the fits of a
-process (:data:`SESSIONS`, a :class:`SessionPool`).
+``OrtValue`` views and runs on them (:func:`ortvalue_view`,
+:func:`run_with_ortvalues`). The backends' training buffers, bound to their
+sessions (by address in device memory on CUDA), are in
+:mod:`onnxgrad_sklearn.backends.buffers`. Sessions made from a training
+artifact's graphs are shared by the fits of a process (:data:`SESSIONS`, a
+:class:`SessionPool`).
 
 onnxruntime is imported on first use (:func:`bindings`), not with this module, so
 that ``import onnxgrad_sklearn`` stays light. That first use also checks that
-only one onnxruntime distribution is installed (they all install the module
-``onnxruntime`` and overwrite each other's files) and that its bindings are
-complete. On the training build the import leaves out the build check that imports
-``onnxruntime.training`` (and torch, 1-3 s): its results are computed when first
-read (:func:`import_onnxruntime_light`, ``docs/how_it_works.md``).
+only one onnxruntime distribution is installed and that its bindings are
+complete; on the training build it leaves out the build check that imports
+``onnxruntime.training`` and torch. That import and its checks are
+:mod:`onnxgrad_sklearn._ort_import`'s; their names are re-exported here
+(:func:`bindings`, :func:`import_onnxruntime`, :func:`import_onnxruntime_light`,
+:func:`check_single_runtime`, :data:`ONNXRUNTIME_DISTRIBUTIONS`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import importlib.abc
-import importlib.metadata
-import importlib.util
 import logging
-import math
 import os
 import sys
 import threading
@@ -37,17 +36,20 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ._ort_import import (
+    ONNXRUNTIME_DISTRIBUTIONS,
+    bindings,
+    check_single_runtime,
+    import_onnxruntime,
+    import_onnxruntime_light,
+)
+
 __all__ = [
-    "ALIGNMENT",
     "ONNXRUNTIME_DISTRIBUTIONS",
     "SESSION_OPTIONS_HOOKS",
-    "BoundRun",
-    "DeviceBuffers",
-    "DoubleBuffers",
     "SESSIONS",
     "OrtValue",
     "SessionPool",
-    "bind_address",
     "bindings",
     "check_single_runtime",
     "device_to_providers",
@@ -68,233 +70,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("onnxgrad_sklearn")
-
-#: The distributions that install the module ``onnxruntime``.
-ONNXRUNTIME_DISTRIBUTIONS = (
-    "onnxruntime",
-    "onnxruntime-gpu",
-    "onnxruntime-training",
-    "onnxruntime-training-cpu",
-)
-
-
-def _installed_distributions() -> list[str]:
-    found = []
-    for name in ONNXRUNTIME_DISTRIBUTIONS:
-        try:
-            importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-        found.append(name)
-    return found
-
-
-def check_single_runtime(installed: Sequence[str] | None = None) -> None:
-    """Refuse an environment where several onnxruntime distributions are installed.
-
-    Parameters
-    ----------
-    installed : list of str, optional
-        The distributions found (by default, looked up with ``importlib.metadata``).
-
-    Raises
-    ------
-    ImportError
-        With the pip command that leaves one distribution.
-    """
-    installed = _installed_distributions() if installed is None else list(installed)
-    if len(installed) <= 1:
-        return
-    if sys.version_info < (3, 13):
-        keep, why = "onnxruntime-training-cpu==1.19.2", "both backends on the CPU"
-    else:
-        keep, why = "onnxruntime", "the standard backend on the CPU"
-    raise ImportError(
-        f"Several onnxruntime distributions are installed ({', '.join(installed)}): they "
-        "all provide the module 'onnxruntime' and overwrite each other's files. Keep one: "
-        f"'pip uninstall -y {' '.join(installed)} && pip install {keep}' ({why})."
-    )
-
-
-@functools.cache
-def bindings():
-    """Import onnxruntime on first use and return its C bindings (``_pybind_state``).
-
-    The checks run first: one onnxruntime distribution installed
-    (:func:`check_single_runtime`), then bindings that have ``OrtValue``,
-    ``OrtDevice`` and the IO binding. A failed check is not cached: it raises
-    again at the next call. onnxruntime is imported by
-    :func:`import_onnxruntime_light`: on the training build, without
-    ``onnxruntime.training`` and torch.
-
-    Raises
-    ------
-    ImportError
-        Saying which distributions to uninstall and which to install.
-    """
-    check_single_runtime()
-    with _root_logger_kept():
-        # after the check: a broken install fails clearly
-        onnxruntime = import_onnxruntime_light()
-        from onnxruntime.capi import _pybind_state as _C
-
-    if not all(hasattr(_C, name) for name in ("OrtValue", "OrtDevice", "SessionIOBinding")):
-        raise ImportError(
-            f"The installed onnxruntime ({getattr(onnxruntime, '__version__', 'unknown')}) is "
-            "incomplete: its bindings lack OrtValue, OrtDevice or SessionIOBinding (another "
-            "package may have overwritten its files). Reinstall it: 'pip uninstall -y "
-            f"{' '.join(ONNXRUNTIME_DISTRIBUTIONS)} && pip install "
-            "onnxruntime-training-cpu==1.19.2' (Python <= 3.12, both backends) or "
-            "'... && pip install onnxruntime' (the standard backend)."
-        )
-    logger.debug("onnxruntime %s imported", getattr(onnxruntime, "__version__", "unknown"))
-    return _C
-
-
-@contextlib.contextmanager
-def _root_logger_kept():
-    # The training build's ``onnxruntime.tools`` calls logging.basicConfig(), which
-    # gives the root logger a default handler: logging.basicConfig(...) called later
-    # by the user would do nothing. Whatever the import added to the root logger is
-    # taken back.
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    try:
-        yield
-    finally:
-        for handler in root.handlers[:]:
-            if handler not in handlers:
-                root.removeHandler(handler)
-        root.setLevel(level)
-
-
-class _RefuseTrainingImport(importlib.abc.MetaPathFinder):
-    """Meta-path finder: ``onnxruntime.training`` is not found, in one thread only."""
-
-    def __init__(self):
-        self.thread = threading.get_ident()
-        self.refused = False
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname == "onnxruntime.training" and threading.get_ident() == self.thread:
-            self.refused = True
-            raise ModuleNotFoundError(
-                "onnxruntime.training is not imported by onnxgrad_sklearn", name=fullname
-            )
-        return None
-
-
-#: What the training build's ``onnxruntime_validation.validate_build_package_info()``
-#: returns, in order; the last three are also copied into ``onnxruntime``.
-_BUILD_INFO = ("has_ortmodule", "package_name", "version", "cuda_version")
-
-
-def import_onnxruntime_light():
-    """``import onnxruntime`` without importing ``onnxruntime.training`` (nor torch).
-
-    The training build's ``onnxruntime/__init__.py`` runs
-    ``capi/onnxruntime_validation.py``, whose ``validate_build_package_info()``
-    imports ``onnxruntime.training.ortmodule`` only to learn whether ORTModule is
-    there (``has_ortmodule``) and, if it is, to copy the build's ``package_name``,
-    ``version`` and ``cuda_version`` (warning on a CUDA runtime mismatch). That
-    import loads ``onnxruntime.training``, ``onnxruntime.tools`` and all of torch
-    where torch is installed: 1 to 3 s, none of which the C bindings need.
-
-    Here ``onnxruntime.training`` is refused (``ModuleNotFoundError``, which the
-    validation takes for "no ORTModule") while ``import onnxruntime`` runs, in this
-    thread only; the finder is removed right after, so that a later
-    ``import onnxruntime.training`` works as usual. Where the training package
-    exists, the four results are then taken out of ``onnxruntime_validation``
-    (and ``package_name``, ``version``, ``cuda_version`` out of ``onnxruntime``)
-    and computed by the same ``validate_build_package_info()`` when first read:
-    they are what they would have been, only later. Not done, or done later: the
-    CUDA runtime version warning, and what importing ORTModule does besides
-    (seeding onnxruntime from ``torch.initial_seed()``, wrapping
-    ``torch.utils.checkpoint``). ``onnxruntime.__version__`` is the package's own
-    string, which the validation would replace by the same build-info version.
-    Nothing is deferred on plain onnxruntime, which has no ``onnxruntime.training``
-    (the refused import fails as the real one would; 1.32's import does not look
-    for it at all), nor when onnxruntime is already imported.
-
-    Returns
-    -------
-    module
-        ``onnxruntime``.
-    """
-    if "onnxruntime" in sys.modules:
-        return sys.modules["onnxruntime"]
-    finder = _RefuseTrainingImport()
-    sys.meta_path.insert(0, finder)
-    try:
-        import onnxruntime
-    finally:
-        if finder in sys.meta_path:
-            sys.meta_path.remove(finder)
-    if finder.refused and _findable("onnxruntime.training"):
-        _defer_build_validation(onnxruntime)
-    return onnxruntime
-
-
-def _findable(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ImportError:  # refused by another finder: the validation gets that too
-        return False
-
-
-def _defer_build_validation(ort) -> None:
-    validation = sys.modules.get("onnxruntime.capi.onnxruntime_validation")
-    validate = getattr(validation, "validate_build_package_info", None)
-    if validate is None or not all(name in vars(validation) for name in _BUILD_INFO):
-        return  # another layout: what the refused import computed stays
-    if "__getattr__" in vars(validation) or "__getattr__" in vars(ort):
-        return
-    copied = tuple(name for name in _BUILD_INFO[1:] if name in vars(ort))
-    lock, running = threading.RLock(), []
-
-    def validated(name: str, module):
-        with lock:
-            if name in vars(module):  # computed meanwhile
-                return vars(module)[name]
-            if running:  # read while the validation runs (nothing in onnxruntime does)
-                raise AttributeError(name)
-            running.append(True)
-            try:
-                with _root_logger_kept():
-                    results = validate()
-            finally:
-                running.clear()
-            for key, value in zip(_BUILD_INFO, results):
-                setattr(validation, key, value)
-            for key in copied:
-                setattr(ort, key, getattr(validation, key))
-            if validation.version:  # as onnxruntime/__init__.py does
-                ort.__version__ = validation.version
-            for target in (validation, ort):
-                vars(target).pop("__getattr__", None)
-            return vars(module)[name]
-
-    def module_getattr(module, names):
-        def __getattr__(name):
-            if name in names:
-                return validated(name, module)
-            raise AttributeError(f"module {module.__name__!r} has no attribute {name!r}")
-
-        return __getattr__
-
-    for name in _BUILD_INFO:
-        delattr(validation, name)
-    for name in copied:
-        delattr(ort, name)
-    validation.__getattr__ = module_getattr(validation, _BUILD_INFO)
-    ort.__getattr__ = module_getattr(ort, copied)
-
-
-def import_onnxruntime():
-    """Return the ``onnxruntime`` module, imported on first use (checked by :func:`bindings`)."""
-    bindings()
-    return sys.modules["onnxruntime"]
-
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -901,339 +676,3 @@ def run_with_ortvalues(
         output_names = [o.name for o in session.get_outputs()]
     feeds = dict(zip(input_names, inputs))
     return ortvalue_list(session._sess.run_with_ort_values(feeds, list(output_names), None))
-
-
-class BoundRun:
-    """Calls of one session that write their outputs into given ``OrtValue`` objects.
-
-    The runtime's IO binding: inputs and outputs bound once are kept from call
-    to call; :meth:`run` binds the inputs that change, then runs. Nothing is
-    allocated for the outputs.
-
-    Parameters
-    ----------
-    session : onnxruntime.InferenceSession
-        The session to run.
-    inputs : dict of str to OrtValue
-        Inputs bound for every call (on the CPU an input changed with
-        ``OrtValue.update_inplace`` is read anew at each call; a CPU input of a
-        CUDA session is copied to the device when bound, so it is not).
-    outputs : dict of str to OrtValue
-        Every output of the session and the value it is written into.
-    """
-
-    def __init__(
-        self,
-        session: onnxruntime.InferenceSession,
-        inputs: dict[str, OrtValue],
-        outputs: dict[str, OrtValue],
-    ):
-        missing = {o.name for o in session.get_outputs()} - set(outputs)
-        if missing:
-            raise ValueError(f"outputs {sorted(missing)} are not bound.")
-        self._session = session
-        self._binding = bindings().SessionIOBinding(session._sess)
-        self._run_options = import_onnxruntime().RunOptions()
-        self._kept = (dict(inputs), dict(outputs))  # the binding does not own them
-        for name, value in inputs.items():
-            self._binding.bind_ortvalue_input(name, value)
-        for name, value in outputs.items():
-            self._binding.bind_ortvalue_output(name, value)
-
-    def run(self, inputs: dict[str, OrtValue]) -> None:
-        """Bind ``inputs`` (name to value) and run the session."""
-        for name, value in inputs.items():
-            self._binding.bind_ortvalue_input(name, value)
-        self._session._sess.run_with_iobinding(self._binding, self._run_options)
-
-
-class _BufferSets:
-    """What :class:`DoubleBuffers` and :class:`DeviceBuffers` share: binding a vector."""
-
-    def binder(self, binding, name: str, parity, k: int, i: int | None = None, output=False):
-        raise NotImplementedError
-
-    def bind(self, binding, name: str, parity, k: int, i: int | None = None, output=False):
-        """Bind vector ``k`` of a set (``i=None``), or weight ``i``'s part of it, to ``name``.
-
-        ``parity=None``: the current set. :class:`DoubleBuffers` binds its
-        ``OrtValue`` views, :class:`DeviceBuffers` binds by address
-        (:func:`bind_address`).
-        """
-        bind, args = self.binder(binding, name, parity, k, i, output)
-        bind(*args)
-
-
-class DoubleBuffers(_BufferSets):
-    """Weights and optimizer state in two sets of vectors an update alternates between.
-
-    Each set holds the weights end to end in one vector (float32, or the
-    ``dtype`` given), and each state
-    (velocity, moments) in another. An update reads the current set and writes
-    the other through IO binding: nothing is allocated per batch, and the values
-    before the last update stay intact until the next one (a free undo). Every
-    vector also has zero-copy per-tensor views, as numpy arrays and as
-    ``OrtValue`` objects. CPU only: the views are views of numpy memory
-    (:class:`DeviceBuffers` is the same on any device).
-
-    Parameters
-    ----------
-    shapes : list of tuple of int
-        Shapes of the weights.
-    n_state : int
-        Number of state tensors per weight.
-    n_sets : int, default=2
-        Number of sets: an update reads one and writes another.
-    dtype : numpy dtype, default=numpy.float32
-        Type of the vectors (the training dtype).
-
-    Attributes
-    ----------
-    arrays : list of list of numpy.ndarray
-        ``arrays[parity][k]``: vector ``k`` (0 the weights, then each state) of a set.
-    views : list of list of list of numpy.ndarray
-        ``views[parity][k][i]``: weight ``i``'s part of that vector, in its shape.
-    vectors, tensors : list
-        ``OrtValue`` objects of the same, ``vectors[parity][k]`` and ``tensors[parity][k][i]``.
-    current : int
-        The parity of the set that holds the current values.
-    """
-
-    def __init__(
-        self, shapes: Sequence[Sequence[int]], n_state: int, n_sets: int = 2, dtype=np.float32
-    ):
-        self.dtype = np.dtype(dtype)
-        sizes = [math.prod(shape) for shape in shapes]
-        offsets = np.cumsum([0, *sizes])
-        self.size = int(offsets[-1])
-        self.arrays = [
-            [np.zeros(self.size, dtype=self.dtype) for _ in range(1 + n_state)]
-            for _ in range(n_sets)
-        ]
-        self.views = [
-            [
-                [v[o : o + n].reshape(shape) for o, n, shape in zip(offsets, sizes, shapes)]
-                for v in vectors
-            ]
-            for vectors in self.arrays
-        ]
-        self.tensors = [[[ortvalue_view(a) for a in views] for views in p] for p in self.views]
-        self.vectors = [[ortvalue_view(v) for v in p] for p in self.arrays]
-        self.n_state = n_state
-        self.current = 0
-        #: No padding between the weights (the layout :class:`DeviceBuffers` describes so).
-        self.pads = [0] * len(sizes)
-
-    def weights(self, parity: int | None = None) -> list[OrtValue]:
-        """Per-tensor weight values of a set (the current one by default)."""
-        return self.tensors[self.current if parity is None else parity][0]
-
-    def state(self, parity: int | None = None) -> list[list[OrtValue]]:
-        """``state[i][k]``: state ``k`` of weight ``i`` in a set (the current one by default)."""
-        p = self.tensors[self.current if parity is None else parity]
-        return [[p[1 + k][i] for k in range(self.n_state)] for i in range(len(p[0]))]
-
-    def write(self, k: int, arrays, start: int = 0) -> None:
-        """Copy ``arrays`` (weights ``start``, ``start + 1``...) into vector ``k`` of this set."""
-        for view, array in zip(self.views[self.current][k][start:], arrays):
-            np.copyto(view, np.asarray(array, dtype=self.dtype).reshape(view.shape))
-
-    def copy(self) -> list[np.ndarray]:
-        """Copies of the current set's vectors."""
-        return [v.copy() for v in self.arrays[self.current]]
-
-    def load(self, saved: Sequence[np.ndarray]) -> None:
-        """Copy vectors returned by :meth:`copy` into the current set."""
-        for target, value in zip(self.arrays[self.current], saved):
-            np.copyto(target, value)
-
-    def read(self, k: int, parity: int | None = None) -> list[np.ndarray]:
-        """Copies of each weight's part of vector ``k`` of a set (the current one by default)."""
-        return [v.copy() for v in self.views[self.current if parity is None else parity][k]]
-
-    def binder(self, binding, name: str, parity, k: int, i: int | None = None, output=False):
-        """``(function, arguments)`` of what :meth:`bind` calls, to call again cheaply."""
-        p = self.current if parity is None else parity
-        value = self.vectors[p][k] if i is None else self.tensors[p][k][i]
-        bind = binding.bind_ortvalue_output if output else binding.bind_ortvalue_input
-        return bind, (name, value)
-
-
-#: Byte alignment of each weight's part of a :class:`DeviceBuffers` vector: that of
-#: ``cudaMalloc``, which the CUDA kernels may assume of the tensors they are given.
-ALIGNMENT = 256
-
-
-def bind_address(binding, name: str, device, dtype, shape, address: int, output=False) -> None:
-    """Bind the tensor at ``address`` (runtime memory on ``device``) to input or output ``name``.
-
-    ``SessionIOBinding.bind_input(name, OrtDevice, element_type, shape, pointer)``
-    and ``bind_output`` with the same arguments (onnxruntime 1.19 to 1.32 at
-    least): the runtime reads or writes that memory, nothing is copied when the
-    session runs its consumers on ``device``. The caller keeps the memory alive.
-
-    Parameters
-    ----------
-    binding : SessionIOBinding
-        The runtime's binding (``onnxruntime.capi._pybind_state.SessionIOBinding``).
-    name : str
-        Input or output of the session.
-    device : OrtDevice
-        Where the memory is (:func:`ort_device`).
-    dtype : numpy dtype
-        Element type.
-    shape : sequence of int
-        Shape of the tensor.
-    address : int
-        Address of its first element (``OrtValue.data_ptr()`` plus an offset in bytes).
-    output : bool, default=False
-        Bind an output instead of an input.
-    """
-    bind = binding.bind_output if output else binding.bind_input
-    bind(*_address_args(name, device, dtype, shape, address))
-
-
-def _address_args(name, device, dtype, shape, address) -> tuple:
-    return name, device, np.dtype(dtype).type, [int(d) for d in shape], int(address)
-
-
-class DeviceBuffers(_BufferSets):
-    """:class:`DoubleBuffers` in runtime memory on any device, bound by address.
-
-    Each vector of each set is one ``OrtValue`` the runtime allocated on the
-    device (``OrtValue.ortvalue_from_shape_and_type``); a weight's part of it is
-    bound to a session by address (:func:`bind_address`: the vector's
-    ``data_ptr()`` plus the weight's offset), so the weights, the gradients the
-    fused step computes and the optimizer state stay on the device from batch
-    to batch, and an element-wise rule still updates one flat vector. The host
-    sees the values only through copies (:meth:`read`, :meth:`copy`); writes copy
-    the whole vector to the host, change it and copy it back (rare: set_weights,
-    a restore, a new optimizer state).
-
-    The same code runs on the CPU (``device="cpu"``: runtime-allocated CPU
-    memory), which is how the CUDA path is tested without a GPU.
-
-    Each weight's part starts at a multiple of :data:`ALIGNMENT` bytes: the
-    vectors hold ``pads[i]`` unused elements (zeros) after weight ``i``, which a
-    flat update graph must cover (:func:`onnxgrad_sklearn.backends.standard.step_graph`).
-
-    Parameters
-    ----------
-    shapes : list of tuple of int
-        Shapes of the weights.
-    n_state : int
-        Number of state tensors per weight.
-    n_sets : int, default=2
-        Number of sets.
-    dtype : numpy dtype, default=numpy.float32
-        Type of the vectors.
-    device : str, default="cpu"
-        ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
-    alignment : int, default=ALIGNMENT
-        Alignment of each weight's part in bytes (0: none).
-
-    Attributes
-    ----------
-    vectors : list of list of OrtValue
-        ``vectors[parity][k]``: vector ``k`` (0 the weights, then each state) of a set.
-    offsets, pads : list of int
-        Where each weight starts in a vector, and the unused elements after it.
-    size : int
-        Elements of each vector, padding included.
-    ort_device : OrtDevice
-        The runtime's device of the vectors.
-    current : int
-        The parity of the set that holds the current values.
-    """
-
-    def __init__(
-        self,
-        shapes: Sequence[Sequence[int]],
-        n_state: int,
-        n_sets: int = 2,
-        dtype=np.float32,
-        device: str = "cpu",
-        alignment: int = ALIGNMENT,
-    ):
-        self.dtype = np.dtype(dtype)
-        self.shapes = [tuple(int(d) for d in shape) for shape in shapes]
-        self.sizes = [math.prod(shape) for shape in self.shapes]
-        step = max(int(alignment) // self.dtype.itemsize, 1)
-        self.offsets, self.pads, offset = [], [], 0
-        for n in self.sizes:
-            self.offsets.append(offset)
-            padded = -(-n // step) * step
-            self.pads.append(padded - n)
-            offset += padded
-        self.size = offset
-        self.device = device
-        kind, index = parse_device(device)
-        self.ort_device = ort_device(
-            "CUDAExecutionProvider" if kind == "cuda" else "CPUExecutionProvider", index
-        )
-        new = bindings().OrtValue.ortvalue_from_shape_and_type
-        zeros = np.zeros(self.size, dtype=self.dtype)
-        try:
-            self.vectors = [
-                [new([self.size], self.dtype.type, self.ort_device) for _ in range(1 + n_state)]
-                for _ in range(n_sets)
-            ]
-            for vectors in self.vectors:
-                for vector in vectors:
-                    vector.update_inplace(zeros)  # the padding too: no garbage, ever
-        except RuntimeError as exc:
-            raise RuntimeError(
-                f"onnxruntime could not allocate the training buffers ({n_sets} x "
-                f"{1 + n_state} vectors of {self.size} {self.dtype}) on device={device!r}: "
-                f"{exc}. Check that the GPU is visible (nvidia-smi) and the device index, or "
-                "use device='cpu'."
-            ) from exc
-        self.n_state = n_state
-        self.current = 0
-
-    def _parity(self, parity) -> int:
-        return self.current if parity is None else parity
-
-    def address(self, parity, k: int, i: int | None = None) -> int:
-        """Address of vector ``k`` of a set, or of weight ``i``'s part of it."""
-        base = self.vectors[self._parity(parity)][k].data_ptr()
-        return base if i is None else base + self.offsets[i] * self.dtype.itemsize
-
-    def binder(self, binding, name: str, parity, k: int, i: int | None = None, output=False):
-        """``(function, arguments)`` of what :meth:`bind` calls, to call again cheaply.
-
-        The addresses do not change: the vectors are allocated once.
-        """
-        shape = [self.size] if i is None else self.shapes[i]
-        address = self.address(parity, k, i)
-        bind = binding.bind_output if output else binding.bind_input
-        return bind, _address_args(name, self.ort_device, self.dtype, shape, address)
-
-    def host(self, k: int, parity: int | None = None) -> np.ndarray:
-        """A host copy of vector ``k`` of a set (the current one by default), padding included."""
-        # numpy() copies device memory to the host; on the CPU it is a view: copy it.
-        return np.array(self.vectors[self._parity(parity)][k].numpy(), copy=True)
-
-    def read(self, k: int, parity: int | None = None) -> list[np.ndarray]:
-        """Copies of each weight's part of vector ``k`` of a set (the current one by default)."""
-        vector = self.host(k, parity)
-        return [
-            vector[o : o + n].reshape(shape)
-            for o, n, shape in zip(self.offsets, self.sizes, self.shapes)
-        ]
-
-    def write(self, k: int, arrays, start: int = 0) -> None:
-        """Copy ``arrays`` (weights ``start``, ``start + 1``...) into vector ``k`` of this set."""
-        vector = self.host(k)
-        for o, n, array in zip(self.offsets[start:], self.sizes[start:], arrays):
-            vector[o : o + n] = np.asarray(array, dtype=self.dtype).reshape(-1)
-        self.vectors[self.current][k].update_inplace(vector)
-
-    def copy(self) -> list[np.ndarray]:
-        """Host copies of the current set's vectors (for :meth:`load`)."""
-        return [self.host(k) for k in range(1 + self.n_state)]
-
-    def load(self, saved: Sequence[np.ndarray]) -> None:
-        """Copy vectors returned by :meth:`copy` into the current set."""
-        for target, value in zip(self.vectors[self.current], saved):
-            target.update_inplace(np.ascontiguousarray(value, dtype=self.dtype))

@@ -1,7 +1,7 @@
 """The CUDA code path of the standard backend, run on the CPU.
 
 On CUDA the standard backend keeps the weights and the optimizer state in
-runtime memory on the device (``runtime.DeviceBuffers``), binds each weight by
+runtime memory on the device (``backends.buffers.DeviceBuffers``), binds each weight by
 address (the vector's ``data_ptr()`` plus an offset) and binds everything a step
 reads anew at every call. ``standard.DEVICE_BUFFERS_ON_CPU`` runs that very code
 on CPU memory: these tests check it against the CPU path (numpy buffers), and the
@@ -24,15 +24,9 @@ from onnxgrad_sklearn import OrtGradientClassifier, OrtGradientRegressor, config
 from onnxgrad_sklearn import backends as backends_module
 from onnxgrad_sklearn.backends import base as backends_base
 from onnxgrad_sklearn.backends import standard
+from onnxgrad_sklearn.backends.buffers import ALIGNMENT, DeviceBuffers, DoubleBuffers
 from onnxgrad_sklearn.optim import Nesterov
-from onnxgrad_sklearn.runtime import (
-    ALIGNMENT,
-    DeviceBuffers,
-    DoubleBuffers,
-    bindings,
-    ort_device,
-    session_providers,
-)
+from onnxgrad_sklearn.runtime import bindings, ort_device, session_providers
 
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 
@@ -362,7 +356,7 @@ def simulated_cuda(monkeypatch):
         return real_session(model, options, ["CPUExecutionProvider"], [{}], **kwargs)
 
     monkeypatch.setattr(standard, "DeviceBuffers", buffers)
-    monkeypatch.setattr(backends_base, "make_session", session)
+    monkeypatch.setattr(backends_base, "make_session", session)  # shared_session calls it
     runtime.SESSIONS.clear()  # none made by an earlier test: each is recorded
     return made
 

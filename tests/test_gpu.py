@@ -18,7 +18,8 @@ from _helpers import BACKENDS
 from onnx import TensorProto, helper
 
 from onnxgrad_sklearn import OrtGradientClassifier, OrtGradientRegressor, _model, config_context
-from onnxgrad_sklearn.runtime import DeviceBuffers, bindings, make_session, session_providers
+from onnxgrad_sklearn.backends.buffers import DeviceBuffers
+from onnxgrad_sklearn.runtime import bindings, make_session, session_providers
 
 HAS_CUDA = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
 needs_cuda = pytest.mark.skipif(

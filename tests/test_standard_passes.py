@@ -3,7 +3,8 @@
 onnx-ad's gradient graph sums the bias adjoints over the batch axis, sums every
 ``(batch, 1, 1)`` adjoint over axes of size 1, fills penalty adjoints with
 ``Expand`` and computes ``W * W``'s adjoint twice: the passes of
-:mod:`onnxgrad_sklearn._passes` turn the batch sums into products with a row of
+:mod:`onnxgrad_sklearn._passes` and :mod:`onnxgrad_sklearn.backends.standard_passes`
+turn the batch sums into products with a row of
 ones and remove the rest. The gradients of the rewritten graph are those of
 onnx-ad's graph as it comes (within float32 rounding of a sum in another order).
 """
@@ -19,7 +20,7 @@ from onnx import TensorProto, helper
 from sklearn.neural_network import MLPClassifier, MLPRegressor
 
 from onnxgrad_sklearn import OrtGradientClassifier, OrtGradientRegressor, _passes
-from onnxgrad_sklearn.backends import build_plan, standard
+from onnxgrad_sklearn.backends import build_plan, standard, standard_passes
 from onnxgrad_sklearn.optim import SGD, Adam
 
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
@@ -87,7 +88,7 @@ def _reductions(model):
     for node in model.graph.node:
         if node.op_type == "ReduceSum":
             shape = shapes[node.input[0]]
-            found.append((shape, _passes._reduced_axes(node, constants, len(shape))))
+            found.append((shape, standard_passes._reduced_axes(node, constants, len(shape))))
     return found
 
 
@@ -270,7 +271,7 @@ def test_unit_reductions_become_identities_or_squeezes(keepdims):
     x = np.random.RandomState(0).randn(6, 1, 4).astype(np.float32)
     expected = _run(model, {"x": x})[0]
     rewritten = _copy(model)
-    assert _passes.rewrite_unit_reductions(rewritten) == 1
+    assert standard_passes.rewrite_unit_reductions(rewritten) == 1
     assert _passes.op_types(rewritten.graph.node) == (["Identity"] if keepdims else ["Squeeze"])
     np.testing.assert_array_equal(_run(rewritten, {"x": x})[0], expected)
 
@@ -285,7 +286,7 @@ def test_sums_over_the_batch_and_unit_axes_become_products():
     x = np.random.RandomState(0).randn(9, 1, 1).astype(np.float32)
     expected = _run(model, {"x": x})[0]
     rewritten = _copy(model)
-    assert _passes.rewrite_leading_sums(rewritten) == 1
+    assert standard_passes.rewrite_leading_sums(rewritten) == 1
     assert "ReduceSum" not in _passes.op_types(rewritten.graph.node)
     np.testing.assert_allclose(_run(rewritten, {"x": x})[0], expected, rtol=1e-6)
 
@@ -342,7 +343,7 @@ def test_expands_feeding_element_wise_operators_are_broadcast():
     }
     expected = _run(model, feeds)
     rewritten = _copy(model)
-    assert _passes.rewrite_broadcast_expands(rewritten) == 1
+    assert standard_passes.rewrite_broadcast_expands(rewritten) == 1
     assert list(rewritten.graph.node[1].input) == ["s", "w"]
     assert list(rewritten.graph.node[2].input) == ["v", "e"]
     for got, ref in zip(_run(rewritten, feeds), expected):
@@ -371,7 +372,7 @@ def test_reshape_chains_are_shortened():
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     expected = _run(model, {"x": x})
     rewritten = _copy(model)
-    assert _passes.rewrite_reshape_chains(rewritten) == 3
+    assert standard_passes.rewrite_reshape_chains(rewritten) == 3
     nodes = {n.output[0]: n for n in rewritten.graph.node}
     assert nodes["b"].input[0] == "x"
     assert nodes["c"].input[0] == "x"
@@ -459,7 +460,7 @@ def test_leading_sums_record_the_shapes_of_the_tensors_they_make():
         [_const("axes", [0])],
     )
     shapes = _passes.static_shapes(model)
-    assert _passes.rewrite_leading_sums(model, shapes) == 1
+    assert standard_passes.rewrite_leading_sums(model, shapes) == 1
     made = [o for n in model.graph.node for o in n.output if o != "y"]
     assert made and all(name in shapes for name in made)
     assert shapes == _passes.static_shapes(model)  # what a new inference gives
@@ -481,7 +482,7 @@ def test_passes_edit_the_nodes_in_place_and_keep_their_order():
     x = np.array([[1.0, -2.0, 3.0]], np.float32)
     expected = _run(model, {"x": x})[0]
     assert _passes.prune(model) == 1
-    assert _passes.rewrite_unit_transposes(model) == 1
+    assert standard_passes.rewrite_unit_transposes(model) == 1
     assert _passes.drop_identities(model) == 1
     assert _passes.merge_duplicate_nodes(model) == 1
     assert [(n.op_type, list(n.input)) for n in model.graph.node] == [
@@ -511,7 +512,7 @@ def test_sums_of_squares_become_reduce_sum_square(opset):
     feeds = {"w": rng.randn(5, 3).astype(np.float32), "v": rng.randn(4).astype(np.float32)}
     expected = _run(model, feeds)
     rewritten = _copy(model)
-    assert _passes.rewrite_sum_of_squares(rewritten) == 1
+    assert standard_passes.rewrite_sum_of_squares(rewritten) == 1
     types = _passes.op_types(rewritten.graph.node)
     assert types.count("ReduceSumSquare") == 1 and types.count("Mul") == 1
     for got, ref in zip(_run(rewritten, feeds), expected):
@@ -536,7 +537,7 @@ def test_a_repeated_product_in_a_sum_is_added_once_with_its_scale_doubled():
     feeds["g"] = rng.randn(4, 3).astype(np.float32)
     expected = _run(model, feeds)
     rewritten = _copy(model)
-    assert _passes.rewrite_repeated_terms(rewritten) == 2
+    assert standard_passes.rewrite_repeated_terms(rewritten) == 2
     by_output = {n.output[0]: n for n in rewritten.graph.node}
     assert by_output["y"].op_type == "Add" and sorted(by_output["y"].input) == ["g", "t"]
     assert by_output["z"].op_type == "Identity"

@@ -13,6 +13,7 @@ from sklearn.neural_network import MLPClassifier, MLPRegressor
 
 from onnxgrad_sklearn import OrtGradientClassifier, OrtGradientRegressor
 from onnxgrad_sklearn import engine as engine_module
+from onnxgrad_sklearn._names import Y_TRUE
 from onnxgrad_sklearn.backends import agent_available
 from onnxgrad_sklearn.losses import LogLoss
 from onnxgrad_sklearn.ortgrad import static_shapes
@@ -61,7 +62,7 @@ def _nodes(est):
 
 def _graph(est):
     model = est._engine.forward_backward.gradient_model
-    y_true = next(i for i in model.graph.input if i.name == engine_module.Y_NAME)
+    y_true = next(i for i in model.graph.input if i.name == Y_TRUE)
     dims = [d.dim_value or d.dim_param for d in y_true.type.tensor_type.shape.dim]
     return Counter(n.op_type for n in model.graph.node), dims
 

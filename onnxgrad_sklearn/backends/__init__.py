@@ -237,7 +237,7 @@ def _choose(backend, training, weight_names, device) -> tuple[str, str | None]:
 
 
 def _installed_runtimes() -> list[str]:
-    from ..runtime import _installed_distributions
+    from .._ort_import import _installed_distributions
 
     return _installed_distributions() or ["onnxruntime"]
 

@@ -32,8 +32,6 @@ import numpy as np
 from .._lazy import lazy
 from ..runtime import (
     SESSIONS,
-    BoundRun,
-    DoubleBuffers,
     OrtValue,
     device_to_providers,
     options_key,
@@ -45,6 +43,7 @@ from ..runtime import (
     to_ortvalue,
 )
 from .base import Backend, shared_session
+from .buffers import BoundRun, DoubleBuffers
 
 # imported on first use: a fit whose plan is cached parses no graph
 onnx = lazy("onnx")
@@ -323,7 +322,7 @@ class OrtGradientForwardBackward:
             Input and output names, the forward feeds and backward fetches, the
             number of forward outputs, the differentiable outputs.
         """
-        from .._passes import pin_versions, rewrite_batch_sums, rewrite_relu_grad
+        from .._passes import pin_versions
 
         model = onnx.ModelProto()
         model.CopyFrom(onnx_model)
@@ -334,30 +333,15 @@ class OrtGradientForwardBackward:
         initializer_names = [i.name for i in model.graph.initializer]
         input_names = [i.name for i in model.graph.input if i.name not in initializer_names]
         output_names = [o.name for o in model.graph.output]
-
-        config = _C.OrtModuleGraphBuilderConfiguration()
-        config.initializer_names = weights_to_train
-        config.initializer_names_to_train = weights_to_train
-        config.input_names_require_grad = input_names_require_grad
-        config.build_gradient_graph = True
-        config.enable_caching = False
-        config.loglevel = type(config.loglevel).ERROR
-        builder = _C.OrtModuleGraphBuilder()
         logger.debug(
             "building the gradient graph: inputs=%r outputs=%r weights=%r",
             input_names,
             output_names,
             weights_to_train,
         )
-        builder.initialize(model.SerializeToString(), config)
-        builder.build(_C.TrainingGraphTransformerConfiguration())
-        graph_info = builder.get_graph_info()
-        gradient_model = onnx.load_from_string(builder.get_gradient_model())
-        rewrite_relu_grad(gradient_model)
-        rewrite_batch_sums(gradient_model)
-        forward_model = onnx.load_from_string(builder.get_forward_model())
-        cls._name_unnamed_nodes(gradient_model)
-        cls._name_unnamed_nodes(forward_model)
+        gradient_model, forward_model, graph_info = cls._run_builder(
+            model, weights_to_train, input_names_require_grad
+        )
 
         non_diff = set(graph_info.output_grad_indices_non_differentiable)
         grad_inputs = [i.name for i in gradient_model.graph.input]
@@ -392,6 +376,34 @@ class OrtGradientForwardBackward:
             ],
         }
         return blobs, meta
+
+    @classmethod
+    def _run_builder(
+        cls, model: onnx.ModelProto, weights_to_train: list, input_names_require_grad: list
+    ):
+        """The runtime's ``OrtModuleGraphBuilder`` on ``model``: ``(gradient model,
+        forward model, graph info)``, the gradient graph's ``ReluGrad`` and batch sums
+        rewritten (:mod:`onnxgrad_sklearn.backends.agent_passes`), every node named."""
+        from .agent_passes import rewrite_batch_sums, rewrite_relu_grad
+
+        config = _C.OrtModuleGraphBuilderConfiguration()
+        config.initializer_names = weights_to_train
+        config.initializer_names_to_train = weights_to_train
+        config.input_names_require_grad = input_names_require_grad
+        config.build_gradient_graph = True
+        config.enable_caching = False
+        config.loglevel = type(config.loglevel).ERROR
+        builder = _C.OrtModuleGraphBuilder()
+        builder.initialize(model.SerializeToString(), config)
+        builder.build(_C.TrainingGraphTransformerConfiguration())
+        graph_info = builder.get_graph_info()
+        gradient_model = onnx.load_from_string(builder.get_gradient_model())
+        rewrite_relu_grad(gradient_model)
+        rewrite_batch_sums(gradient_model)
+        forward_model = onnx.load_from_string(builder.get_forward_model())
+        cls._name_unnamed_nodes(gradient_model)
+        cls._name_unnamed_nodes(forward_model)
+        return gradient_model, forward_model, graph_info
 
     @staticmethod
     def _check_weights(model: onnx.ModelProto, weights_to_train) -> None:
@@ -544,8 +556,9 @@ class AgentBackend(Backend):
 
     :class:`OrtGradientForwardBackward` runs forward and backward; the
     optimizer's update graph runs in a second session. On CPU an element-wise
-    rule updates one flat vector per set of :class:`~onnxgrad_sklearn.runtime.DoubleBuffers`
-    (nothing allocated per batch, a free undo); otherwise each update returns
+    rule updates one flat vector per set of
+    :class:`~onnxgrad_sklearn.backends.buffers.DoubleBuffers` (nothing allocated
+    per batch, a free undo); otherwise each update returns
     new values per weight. See :class:`~onnxgrad_sklearn.backends.Backend` for
     the parameters.
     """

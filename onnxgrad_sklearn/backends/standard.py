@@ -3,12 +3,13 @@
 The gradient graph comes from ``onnx_ad.reverse`` (standard ONNX operators, no
 training kernels) on the training graph with the weights as inputs and the
 batch dimension fixed (one graph per batch size met, a handful in a fit). The
-passes of :mod:`onnxgrad_sklearn._passes` follow: the seed made a constant,
+passes of :mod:`onnxgrad_sklearn._passes` and
+:mod:`onnxgrad_sklearn.backends.standard_passes` follow: the seed made a constant,
 nodes no output needs removed, seed-axis transposes made reshapes, batch sums
 made matrix products, and the optimizer's update rule merged in. One call of
 the session through IO binding then runs forward, loss, backward and update,
-reading one set of :class:`~onnxgrad_sklearn.runtime.DoubleBuffers` (CPU) or
-:class:`~onnxgrad_sklearn.runtime.DeviceBuffers` (CUDA: device memory bound by
+reading one set of :class:`~onnxgrad_sklearn.backends.buffers.DoubleBuffers` (CPU) or
+:class:`~onnxgrad_sklearn.backends.buffers.DeviceBuffers` (CUDA: device memory bound by
 address) and writing another: nothing is allocated per batch and undoing the
 last step is free. A batch with a non-finite loss must leave the set the undo goes
 back to as it was: small models keep a third set to write into; from
@@ -36,8 +37,6 @@ from .._lazy import lazy
 from .._names import BATCH, LOSS, PENALTY_INPUTS, TARGETS, Y_TRUE
 from ..runtime import (
     LARGE_MODEL,
-    DeviceBuffers,
-    DoubleBuffers,
     bindings,
     import_onnxruntime,
     ort_device,
@@ -45,6 +44,7 @@ from ..runtime import (
     to_ortvalue,
 )
 from .base import Backend, all_finite, warn, zero_derivative_warning
+from .buffers import DeviceBuffers, DoubleBuffers
 
 # imported on first use: a fit whose graphs are cached imports neither
 onnx = lazy("onnx")
@@ -94,8 +94,9 @@ def memory_pattern_grows() -> bool:
     return tuple(parts) >= (1, 20)
 
 
-#: Train CPU fits through the device code path (:class:`~onnxgrad_sklearn.runtime.DeviceBuffers`
-#: in runtime memory, bound by address, everything rebound at each call) instead of
+#: Train CPU fits through the device code path
+#: (:class:`~onnxgrad_sklearn.backends.buffers.DeviceBuffers` in runtime memory, bound
+#: by address, everything rebound at each call) instead of
 #: numpy buffers: the code CUDA runs, for tests on machines without a GPU.
 DEVICE_BUFFERS_ON_CPU = False
 
@@ -121,7 +122,8 @@ def gradient_graph(
     ValueError
         When onnx-ad has no rule for an operator on the differentiated path.
     """
-    from .._passes import constant_input, fix_dimension, pin_versions, rewrite_sigmoid_adjoints
+    from .._passes import constant_input, fix_dimension, pin_versions
+    from .standard_passes import rewrite_sigmoid_adjoints
 
     fixed = onnx.ModelProto()
     fixed.CopyFrom(graph)
@@ -177,10 +179,8 @@ def _simplify(model: onnx.ModelProto) -> None:
     the tensors they replace, and the leading sums record the shapes of those they
     make (same graphs as with a second inference on the 12 graphs checked).
     """
-    from .._passes import (
-        drop_identities,
-        merge_duplicate_nodes,
-        prune,
+    from .._passes import drop_identities, merge_duplicate_nodes, prune, static_shapes
+    from .standard_passes import (
         rewrite_broadcast_expands,
         rewrite_leading_sums,
         rewrite_noop_expands,
@@ -189,7 +189,6 @@ def _simplify(model: onnx.ModelProto) -> None:
         rewrite_sum_of_squares,
         rewrite_unit_reductions,
         rewrite_unit_transposes,
-        static_shapes,
     )
 
     prune(model)
@@ -233,7 +232,7 @@ def step_graph(
     ``update/new_param_<i>`` / ``update/new_<state>_<i>`` (per weight).
 
     ``pads[i]`` (flat rules only): unused elements after weight ``i`` in the
-    vectors (:class:`~onnxgrad_sklearn.runtime.DeviceBuffers` aligns each weight);
+    vectors (:class:`~onnxgrad_sklearn.backends.buffers.DeviceBuffers` aligns each weight);
     their gradient is zero, so an element-wise rule leaves them as they are.
 
     ``guard=True``: the backward pass and the update run only after a finite loss
@@ -243,7 +242,7 @@ def step_graph(
     it builds as a training artifact.
     """
     from .._graph import model_dtype
-    from .._passes import merge_update
+    from .standard_passes import merge_update
 
     flat = bool(optimizer.elementwise)
     dtype = model_dtype(graph)
@@ -408,8 +407,8 @@ class StandardBackend(Backend):
 
     See :class:`~onnxgrad_sklearn.backends.Backend` for the parameters. On the
     CPU the weights and optimizer state live in numpy memory
-    (:class:`~onnxgrad_sklearn.runtime.DoubleBuffers`); on CUDA in device memory
-    (:class:`~onnxgrad_sklearn.runtime.DeviceBuffers`, bound by address), where
+    (:class:`~onnxgrad_sklearn.backends.buffers.DoubleBuffers`); on CUDA in device memory
+    (:class:`~onnxgrad_sklearn.backends.buffers.DeviceBuffers`, bound by address), where
     they stay from batch to batch: only the batch and the learning rate go to
     the device, and the loss comes back. :data:`DEVICE_BUFFERS_ON_CPU` runs a
     CPU fit through the device code.
