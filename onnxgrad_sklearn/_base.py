@@ -752,27 +752,17 @@ class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
             )
         return engine
 
+    def _engine_recipe(self):
+        """What this estimator's engines are built from (:class:`~.engine.EngineRecipe`)."""
+        from .engine import EngineRecipe
+
+        return EngineRecipe.of(self._converted, self.n_outputs_, self.device, self.backend)
+
     def _new_engine(self, loss, optimizer, penalty):
         """A training engine for the converted model, ``loss``, ``optimizer`` and penalty."""
-        from .engine import TrainingEngine
-
-        conv = self._converted
-        idx = self._trained_indices()
-        names = [conv.initializer_names[k] for k in idx]
-        penalized = [conv.initializer_names[k] for k in idx if conv.params[k].penalized]
-        return TrainingEngine(
-            conv,  # its artifact's key names the structure; its values are the start
-            conv.output_name,
-            names,
-            penalized,
-            self.n_outputs_,
-            loss,
-            optimizer,
-            alpha=penalty[0],
-            l1_ratio=penalty[1],
-            device=self.device,
-            backend=self.backend,
-            threads=self._intra_op_threads,
+        alpha, l1_ratio = penalty
+        return self._engine_recipe().build(
+            loss, optimizer, alpha, l1_ratio, threads=self._intra_op_threads
         )
 
     def _store_weights(self, trained):
