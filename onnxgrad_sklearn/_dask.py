@@ -9,8 +9,9 @@
 - Otherwise :class:`DaskRows` keeps each partition of X on the worker that holds it,
   with its blocks of y and of the sample weights moved there, checked and in the
   training dtype, and takes the place of X in the shared fit (``_base._fit``). Each
-  worker builds its engines once per fit from bytes sent once, with its ``nthreads``
-  (:data:`_ENGINES`). A fit makes a server on each worker holding partitions (a dask
+  worker builds its engines once per fit from bytes sent once (an
+  :class:`~onnxgrad_sklearn.engine.EngineRecipe`, the loss and the penalty), with its
+  ``nthreads`` (:data:`_ENGINES`). A fit makes a server on each worker holding partitions (a dask
   actor, :class:`_Server`, made by a task pinned to that worker, which hands it the
   partitions), and every training round is one call of each server
   (:meth:`DaskRows.serve`): the calls go to the workers without the batching of the
@@ -1430,29 +1431,19 @@ class DaskFullBatchObjective(_FullBatchObjective):
 
 
 def _engine_payload(est, loss, engine, penalty, optimizer=None) -> bytes:
-    """What a worker builds the engine from: the estimator's engine recipe (its
-    ``_new_engine`` reads the converted model, the trained outputs, the classes, the
-    device, the backend), the loss and the penalty, as bytes."""
-    import copy
+    """What a worker builds the engine from (:func:`_engine`): the estimator's engine
+    recipe (``_engine_recipe``: the converted model, the trained weights, the device)
+    with the backend the client resolved, the loss and the penalty, as bytes. A large
+    model's weights are only in the engine (``_release_trained_values``): its recipe
+    carries them."""
+    import dataclasses
 
     import cloudpickle
 
-    shell = object.__new__(type(est))
-    state = dict(est.get_params(deep=False))
-    for name in ("n_outputs_", "classes_", "_multilabel", "_converted"):
-        if name in est.__dict__:
-            state[name] = est.__dict__[name]
-    state["backend"] = engine.backend  # the one the client resolved
-    if engine.large:  # its weights are only in the engine (_release_trained_values)
-        conv = copy.copy(est._converted)
-        indices = est._trained_indices()
-        values = conv.initializer_values(skip=set(indices))
-        for k, w in zip(indices, engine.get_weights()):
-            values[k] = w
-        conv.model = conv.with_values(values)
-        state["_converted"] = conv
-    shell.__dict__.update(state)
-    return cloudpickle.dumps((shell, loss, tuple(penalty), optimizer))
+    recipe = dataclasses.replace(est._engine_recipe(), backend=engine.backend)
+    if engine.large:
+        recipe = recipe.with_weights(engine.get_weights())
+    return cloudpickle.dumps((recipe, loss, tuple(penalty), optimizer))
 
 
 # on the workers ----------------------------------------------------------------
@@ -1657,7 +1648,7 @@ def _worker_threads() -> int:
 
 def _engine(payload, fit_id, stage, scale=1.0):
     """The engine of this fit and stage in this worker process, built on first use
-    (``scale``: of the penalty's strength)."""
+    with the worker's threads (``scale``: of the penalty's strength)."""
     import pickle
 
     from .optim import SGD
@@ -1666,9 +1657,10 @@ def _engine(payload, fit_id, stage, scale=1.0):
     with _ENGINES_LOCK:
         engine = _ENGINES.get(key)
     if engine is None:
-        shell, loss, (alpha, l1_ratio), optimizer = pickle.loads(payload)
-        shell._intra_op_threads = _worker_threads()  # the worker's threads
-        engine = shell._new_engine(loss, optimizer or SGD(), (alpha * scale, l1_ratio))
+        recipe, loss, (alpha, l1_ratio), optimizer = pickle.loads(payload)
+        engine = recipe.build(
+            loss, optimizer or SGD(), alpha * scale, l1_ratio, threads=_worker_threads()
+        )
         with _ENGINES_LOCK:
             _ENGINES[key] = engine
             while len(_ENGINES) > _MAX_ENGINES:

@@ -399,6 +399,28 @@ def test_sync_every_1_adam_matches_one_machine(client, backend):
     np.testing.assert_allclose(got.predict(X), expected.predict(X), rtol=1e-4, atol=1e-5)
 
 
+def test_a_large_model_sends_its_engine_weights_to_the_workers(client, monkeypatch):
+    """While a large model trains, its weights are only in the client's engine
+    (``_release_trained_values``): the recipe the workers build their engines from
+    carries them. The fit of the model in memory."""
+    from onnxgrad_sklearn import runtime
+
+    X, y = diabetes()
+    params = dict(optimizer="adam", max_iter=2, batch_size=64, random_state=0)
+    template = MLPRegressor(hidden_layer_sizes=(8,))
+    with pytest.warns(ConvergenceWarning):
+        expected = OrtGradientRegressor(template, **params).fit(X, y)
+    monkeypatch.setattr(runtime, "LARGE_MODEL", 0)  # as for a model of 1M weights
+    monkeypatch.setattr(runtime, "map_large_blocks", lambda threshold: False)  # not here
+    with pytest.warns(ConvergenceWarning):
+        got = OrtGradientRegressor(template, **params).fit(
+            da.from_array(X, chunks=150), da.from_array(y, chunks=150)
+        )
+    assert got._engine.large
+    np.testing.assert_allclose(got.loss_curve_, expected.loss_curve_, rtol=1e-5)
+    np.testing.assert_allclose(mlp_weights(got), mlp_weights(expected), rtol=1e-4, atol=1e-5)
+
+
 def test_sync_every_1_nesterov_classifier_with_weights(client):
     X, y = binary_data(900, 6, seed=4)
     y = y + (X[:, 0] > 1)  # three classes
