@@ -1452,12 +1452,6 @@ _ENGINES: OrderedDict = OrderedDict()
 _ENGINES_LOCK = threading.Lock()
 #: At most this many engines are kept (fits that ended without dropping theirs).
 _MAX_ENGINES = 16
-#: Evaluation tasks run by this process, by fit (what the tests read).
-_SERVED: Counter = Counter()
-#: Validation rows predicted by this process during fits, by fit (what the tests read).
-_PREDICTED: Counter = Counter()
-#: Blocks predicted by this process, by ``id`` of the estimator (what the tests read).
-_PREDICTORS: Counter = Counter()
 
 
 class _Part:
@@ -1580,7 +1574,6 @@ def _predict_rows(payload, fit_id, stage, weights, picks, *parts):
     engine = _engine(payload, fit_id, stage)
     engine.set_weights(weights)
     X = _take(parts, picks)[0]
-    _PREDICTED[fit_id] += X.shape[0]
     return (engine.predict(X),)
 
 
@@ -1677,7 +1670,6 @@ def _evaluate(payload, fit_id, stage, weights, *parts):
     for part in parts:
         for c, (loss, grads) in enumerate(part.sums(engine)):
             out.append(((part.index, c), float(loss), [np.asarray(g, np.float64) for g in grads]))
-    _SERVED[fit_id] += 1
     return out
 
 
@@ -1703,7 +1695,6 @@ def _batch_sums(payload, fit_id, stage, weights, picks, size, ones, *parts):
         sw = np.concatenate([sw, np.zeros(padded - n, sw.dtype)])
     engine.set_weights(weights)
     loss, grads = engine.loss_and_gradients(X, y, sw)
-    _SERVED[fit_id] += 1
     return weight, float(loss) * weight, [np.asarray(g, np.float64) * weight for g in grads]
 
 
@@ -1771,7 +1762,6 @@ def _local_steps(payload, fit_id, stage, share, sent, step, learning_rate, plan,
             return max(trained, 1), loss, [], []
         trained += X.shape[0]
         total += loss * X.shape[0]
-    _SERVED[fit_id] += 1
     return trained, total, engine.get_weights(), engine.get_state()["state"]
 
 
@@ -1781,7 +1771,10 @@ class _Server:
     positions ``keys`` of the fit's): a step's sums (``sync_every=1``) or local SGD's
     steps come to it as calls, which carry the weights (and the optimizer state) there
     and back, rather than as tasks, whose messages the client and the scheduler send
-    in batches (every 10 and 5 ms) and keep after they are sent."""
+    in batches (every 10 and 5 ms) and keep after they are sent.
+
+    Its methods call this module's functions by name (:func:`_evaluate`...), which
+    the tests wrap on the workers to count the rounds each one serves."""
 
     def __init__(self, payload, fit_id, stage, dropped, keys, *parts):
         self.payload, self.fit_id, self.stage = payload, fit_id, stage
@@ -1828,30 +1821,6 @@ async def _forget_soon(fit_id):
     """:func:`_forget`, in the worker's event loop (``client.run`` does not wait for a
     coroutine function with ``wait=False``)."""
     _forget(fit_id)
-
-
-def _engines():
-    """The engines and local-SGD orders this process keeps (``client.run``)."""
-    with _ENGINES_LOCK:
-        return len(_ENGINES) + len(_ORDERS)
-
-
-def _served():
-    """Evaluation tasks this process ran, in all (read with ``client.run``)."""
-    return sum(_SERVED.values())
-
-
-def _predicted():
-    """Validation rows this process predicted during fits, in all (``client.run``)."""
-    return sum(_PREDICTED.values())
-
-
-def _predictors(clear=False):
-    """``{id of an estimator: blocks it predicted}`` in this process (``client.run``)."""
-    found = dict(_PREDICTORS)
-    if clear:
-        _PREDICTORS.clear()
-    return found
 
 
 # blocks: splitting y and the weights as X --------------------------------------
@@ -1971,7 +1940,6 @@ def _output(est, name):
 
 
 def _apply(block, est, name):
-    _PREDICTORS[id(est)] += 1
     return getattr(est, name)(block)
 
 
@@ -2015,7 +1983,6 @@ def _score_part(est, X, y, w, classifier):
     n = _num_samples(X)
     if n == 0:
         return None
-    _PREDICTORS[id(est)] += 1
     pred = est.predict(X)
     y = np.asarray(y)
     w = np.ones(n) if w is None else np.broadcast_to(np.asarray(w, dtype=np.float64), (n,))

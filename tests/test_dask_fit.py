@@ -25,6 +25,7 @@ distributed = pytest.importorskip("distributed")
 pd = pytest.importorskip("pandas")
 onnxruntime = pytest.importorskip("onnxruntime")
 
+from _dask_counts import Counting, engines, predicted, predictors, served  # noqa: E402
 from _helpers import BACKENDS  # noqa: E402
 from sklearn.compose import ColumnTransformer  # noqa: E402
 from sklearn.exceptions import ConvergenceWarning  # noqa: E402
@@ -71,6 +72,7 @@ def client():
         distributed.Client(cluster) as c,
     ):
         c.run(_dask._versions)  # the workers import the package and onnxruntime once
+        c.register_plugin(Counting())  # what the tests count on the workers (_dask_counts)
         yield c
 
 
@@ -96,11 +98,6 @@ def assert_close_fit_of(got, expected, rtol, atol):
         np.testing.assert_allclose(
             getattr(got, name), getattr(expected, name), rtol=rtol, atol=atol
         )
-
-
-def served(client):
-    """Evaluation tasks each worker ran so far."""
-    return client.run(_dask._served)
 
 
 # without a client (first: the module's cluster is not started yet) ---------------
@@ -148,9 +145,9 @@ def test_lbfgs_binary_float32_matches_one_machine(client):
     assert all(after[a] > before.get(a, 0) for a in after), (before, after)
     # the fit's engines are dropped from the workers once it returns (not waited for)
     deadline = time.monotonic() + 10
-    while any(client.run(_dask._engines).values()) and time.monotonic() < deadline:
+    while any(engines(client).values()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(client.run(_dask._engines).values())
+    assert not any(engines(client).values())
 
 
 def test_poisson_float64_from_a_dataframe(client):
@@ -341,7 +338,7 @@ def test_predict_on_dask_collections(client):
     X, y = binary_data(3000, 5, seed=3)
     est = OrtGradientClassifier(LogisticRegression()).fit(X, y)
     Xd = da.from_array(X, chunks=500)
-    client.run(_dask._predictors, True)  # cleared
+    predictors(client, clear=True)
     for name in ("predict", "predict_proba", "predict_log_proba", "decision_function"):
         out = getattr(est, name)(Xd)
         assert isinstance(out, da.Array), name
@@ -349,7 +346,7 @@ def test_predict_on_dask_collections(client):
         assert got.shape == expected.shape and got.dtype == expected.dtype, name
         np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7, err_msg=name)
     # the estimator is one key of each graph: unpickled once per worker and call
-    seen = client.run(_dask._predictors, True)
+    seen = predictors(client, clear=True)
     assert sum(sum(c.values()) for c in seen.values()) == 4 * Xd.numblocks[0]
     assert all(len(c) <= 4 for c in seen.values()), seen
     assert est.score(Xd, da.from_array(y, chunks=500)) == pytest.approx(est.score(X, y), abs=1e-12)
@@ -463,11 +460,6 @@ def test_sync_every_1_early_stopping_on_a_given_validation_set(client):
     assert got.n_iter_ == expected.n_iter_ < 30  # stopped early, at the same epoch
     np.testing.assert_allclose(got.validation_scores_, expected.validation_scores_, rtol=1e-4)
     np.testing.assert_allclose(mlp_weights(got), mlp_weights(expected), rtol=1e-4, atol=1e-5)
-
-
-def predicted(client):
-    """Validation rows each worker predicted during fits so far."""
-    return client.run(_dask._predicted)
 
 
 @pytest.fixture
