@@ -443,7 +443,7 @@ class BaseOrtGradient(CallbackSupportMixin, TrainingLoops, BaseEstimator):
         loss = self._objective(final)
         optimizer = self._solver(final, incremental)
         dtype = self._fit_dtype(first_call)  # None: X's own, as MLPRegressor
-        if _is_rows(X):  # partitions on a dask cluster (_dask.py): checked where they are
+        if _is_rows(X):  # partitions on a dask cluster (_dask): checked where they are
             dtype = X.training_dtype(dtype)
             self._check_runtime(dtype)
             X, y2d, sample_weight, fitted = X.validate(

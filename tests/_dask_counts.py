@@ -51,7 +51,8 @@ class Counting(WorkerPlugin):
     def setup(self, worker):
         from sklearn.utils.validation import _num_samples
 
-        from onnxgrad_sklearn import _dask
+        from onnxgrad_sklearn._dask import predict
+        from onnxgrad_sklearn._dask import worker as on_worker
 
         self.counts = {"served": Counter(), "predicted": Counter(), "predictors": Counter()}
         self.originals = []
@@ -78,7 +79,7 @@ class Counting(WorkerPlugin):
                 if served(result):
                     counts["served"][args[1]] += 1  # by fit (args: payload, fit_id, ...)
 
-            wrap(_dask, name, count)
+            wrap(on_worker, name, count)
 
         def count_predicted(args, result):
             counts["predicted"][args[1]] += len(result[0])
@@ -90,9 +91,9 @@ class Counting(WorkerPlugin):
             if _num_samples(args[1]):
                 counts["predictors"][id(args[0])] += 1
 
-        wrap(_dask, "_predict_rows", count_predicted)
-        wrap(_dask, "_apply", count_block)
-        wrap(_dask, "_score_part", count_scored)
+        wrap(on_worker, "_predict_rows", count_predicted)
+        wrap(predict, "_apply", count_block)
+        wrap(predict, "_score_part", count_scored)
 
     def teardown(self, worker):
         for module, name, original in reversed(self.originals):
@@ -124,10 +125,10 @@ def predictors(client, clear=False):
 
 
 def _engines_kept():
-    from onnxgrad_sklearn import _dask
+    from onnxgrad_sklearn._dask import worker
 
-    with _dask._ENGINES_LOCK:
-        return len(_dask._ENGINES) + len(_dask._ORDERS)
+    with worker._ENGINES_LOCK:
+        return len(worker._ENGINES) + len(worker._ORDERS)
 
 
 def engines(client):

@@ -37,6 +37,8 @@ from sklearn.preprocessing import OneHotEncoder, StandardScaler  # noqa: E402
 
 import onnxgrad_sklearn  # noqa: E402
 from onnxgrad_sklearn import OrtGradientClassifier, OrtGradientRegressor, _dask  # noqa: E402
+from onnxgrad_sklearn._dask import batches, rounds  # noqa: E402
+from onnxgrad_sklearn._dask import client as dask_client  # noqa: E402
 
 #: Seconds any test of this module may take before it fails (a hang guard).
 TEST_TIMEOUT_S = 150
@@ -71,7 +73,7 @@ def client():
         ) as cluster,
         distributed.Client(cluster) as c,
     ):
-        c.run(_dask._versions)  # the workers import the package and onnxruntime once
+        c.run(dask_client._versions)  # the workers import the package and onnxruntime once
         c.register_plugin(Counting())  # what the tests count on the workers (_dask_counts)
         yield c
 
@@ -108,7 +110,7 @@ def test_import_does_not_import_dask():
 
 
 def test_no_client_computes_into_memory(caplog):
-    if _dask._get_client() is not None:
+    if dask_client._get_client() is not None:
         pytest.skip("a distributed client of another test is running")
     X, y = binary_data(2000, 5)
     Xd, yd = da.from_array(X, chunks=500), da.from_array(y, chunks=500)
@@ -370,7 +372,7 @@ def scattered(monkeypatch, sent):
     the workers instead (the weights of an L-BFGS evaluation, the validation rows'
     numbers once; a mini-batch round's calls carry theirs)."""
     if sent == "scattered":
-        monkeypatch.setattr(_dask, "INLINE_BYTES", 0)
+        monkeypatch.setattr(rounds, "INLINE_BYTES", 0)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -932,12 +934,12 @@ def test_the_workers_are_asked_for_not_taken_from_the_client_cache(client, monke
 
 def test_workers_of_another_version_are_refused(client, monkeypatch):
     fake = functools.partial(dict, onnxgrad_sklearn="0.0.1", onnxruntime="0.0.2")
-    monkeypatch.setattr(_dask, "_worker_versions", fake)
+    monkeypatch.setattr(dask_client, "_worker_versions", fake)
     X, y = binary_data(300, 3)
     with pytest.raises(RuntimeError) as info:
         OrtGradientClassifier(LogisticRegression()).fit(da.from_array(X), da.from_array(y))
     message = str(info.value)
-    here = _dask._versions()
+    here = dask_client._versions()
     assert f"onnxgrad_sklearn {onnxgrad_sklearn.__version__}" in message
     assert f"onnxruntime {here['onnxruntime']}" in message
     assert "onnxgrad_sklearn 0.0.1 with onnxruntime 0.0.2" in message
@@ -946,7 +948,7 @@ def test_workers_of_another_version_are_refused(client, monkeypatch):
 def _fit_in_a_task(X, y):
     Xd, yd = da.from_array(X, chunks=len(X) // 3), da.from_array(y, chunks=len(y) // 3)
     est = OrtGradientClassifier(LogisticRegression()).fit(Xd, yd)
-    return weights_of(est), _dask._get_client() is not None
+    return weights_of(est), dask_client._get_client() is not None
 
 
 def test_fit_from_inside_a_dask_task(client):
@@ -1025,7 +1027,7 @@ def test_ctrl_c_keeps_the_weights_of_the_last_completed_round(client, monkeypatc
 
     fits = []
     for cls, data in [
-        (_dask._DaskBatches, (da.from_array(X, chunks=150), da.from_array(y, chunks=150))),
+        (batches._DaskBatches, (da.from_array(X, chunks=150), da.from_array(y, chunks=150))),
         (_loops._MemoryBatches, (X, y)),
     ]:
         interrupted(cls)
@@ -1099,7 +1101,7 @@ def test_lost_rows_of_local_sgd_that_cannot_be_computed_again_raise(client, monk
     """sync_every=4, y sent from this process: the worker exits before the 2nd round,
     an error names the partitions lost, the fit never hangs."""
     client.wait_for_workers(2, timeout=60)
-    monkeypatch.setattr(_dask, "RECOVERY_S", 10.0)
+    monkeypatch.setattr(rounds, "RECOVERY_S", 10.0)
     X, y = binary_data(8000, 6, seed=9)
     killed = _kill_a_worker_at(monkeypatch, client, evaluation=1)
     est = OrtGradientClassifier(
@@ -1114,7 +1116,7 @@ def test_lost_rows_of_local_sgd_that_cannot_be_computed_again_raise(client, monk
 def test_lost_rows_that_cannot_be_computed_again_raise(client, monkeypatch):
     """y sent from this process dies with its worker: an error names the partitions."""
     client.wait_for_workers(2, timeout=60)
-    monkeypatch.setattr(_dask, "RECOVERY_S", 10.0)
+    monkeypatch.setattr(rounds, "RECOVERY_S", 10.0)
     X, y = binary_data(8000, 6, seed=6)
     Xd = da.from_array(X, chunks=1000)
     killed = _kill_a_worker_at(monkeypatch, client, evaluation=2)
