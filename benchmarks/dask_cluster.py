@@ -922,28 +922,31 @@ def part_lbfgs(sizes: dict) -> dict:
 
 
 def _time_evaluations(collect=False):
-    """On a worker: wrap the package's ``_evaluate`` (what a server's round runs) to
-    record (start, seconds) of each call; with ``collect``, return the records and
-    unwrap."""
+    """On a worker: wrap the package's ``_evaluate`` (``onnxgrad_sklearn._dask.worker``:
+    what a server's round runs, by its module's name) to record (start, seconds) of
+    each call; with ``collect``, return the records and unwrap. This script's
+    functions are pickled by value (``__main__``): the records are kept as attributes
+    of the worker's module (``_bench_records``, ``_bench_original``: this benchmark's,
+    not the package's)."""
     import time as _time
 
-    from onnxgrad_sklearn import _dask
+    from onnxgrad_sklearn._dask import worker
 
     if collect:
-        records = list(getattr(_dask, "_bench_records", []))
-        _dask._evaluate = getattr(_dask, "_bench_original", _dask._evaluate)
+        records = list(getattr(worker, "_bench_records", []))
+        worker._evaluate = getattr(worker, "_bench_original", worker._evaluate)
         return records
-    original = _dask._evaluate
-    _dask._bench_original, _dask._bench_records = original, []
+    original = worker._evaluate
+    worker._bench_original, worker._bench_records = original, []
 
     def timed(*args, **kwargs):
         start = _time.time()
         try:
             return original(*args, **kwargs)
         finally:
-            _dask._bench_records.append((start, _time.time() - start))
+            worker._bench_records.append((start, _time.time() - start))
 
-    _dask._evaluate = timed
+    worker._evaluate = timed
 
 
 def round_split(client, X, y) -> dict:

@@ -334,7 +334,6 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
             if full_batch:
                 fit.run_lbfgs()
             else:
-                rows.start_epochs(self, loss, engine)
                 fit.run_epochs()
         finally:
             # the fit's results, as it ended (an error or Ctrl-C included)
@@ -359,7 +358,8 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
             optimizer=optimizer,
             penalty=penalty,
             penalized=self._penalized_mask(),
-            make_engine=self._new_engine,
+            recipe=self._engine_recipe(),
+            threads=self._intra_op_threads,
             score_validation=self._score_validation,
             stratify=self._stratify,
             name=type(self).__name__,
@@ -368,7 +368,6 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
             incremental=incremental,
             validation=validation,
             holds_out=holds_out_validation(self),
-            source_context=self,
         )
 
     def _penalized_mask(self):
@@ -454,30 +453,19 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
             )
         return engine
 
+    def _engine_recipe(self):
+        """What this estimator's engines are built from (:class:`~.engine.EngineRecipe`)."""
+        from .engine import EngineRecipe
+
+        return EngineRecipe.of(self._converted, self.n_outputs_, self.device, self.backend)
+
     def _new_engine(self, loss, optimizer, penalty):
         """A training engine for the converted model, ``loss``, ``optimizer`` and penalty."""
-        from .engine import TrainingEngine
-
-        conv = self._converted
-        idx = self._trained_indices()
-        names = [conv.initializer_names[k] for k in idx]
-        penalized = [conv.initializer_names[k] for k in idx if conv.params[k].penalized]
-        return TrainingEngine(
-            conv,  # its artifact's key names the structure; its values are the start
-            conv.output_name,
-            names,
-            penalized,
-            self.n_outputs_,
-            loss,
-            optimizer,
-            alpha=penalty[0],
-            l1_ratio=penalty[1],
-            device=self.device,
-            backend=self.backend,
-            threads=self._intra_op_threads,
+        alpha, l1_ratio = penalty
+        return self._engine_recipe().build(
+            loss, optimizer, alpha, l1_ratio, threads=self._intra_op_threads
         )
 
-    # inference ------------------------------------------------------------
     def __sklearn_is_fitted__(self):
         return hasattr(self, "_converted")
 

@@ -58,6 +58,7 @@ SETTINGS = (
     "validation_fraction",
     "on_divergence",
     "learning_rate_init",
+    "sync_every",
 )
 
 _UNSET = object()
@@ -115,9 +116,11 @@ class Fit:
         ``(alpha, l1_ratio)`` trained.
     penalized : list of bool
         Whether each trained weight is penalised.
-    make_engine : callable
-        ``make_engine(loss, optimizer, (alpha, l1_ratio))``: another engine of the same
-        model (L-BFGS's rounded stages).
+    recipe : EngineRecipe
+        What the engines of the model are built from (L-BFGS's rounded stages; the
+        engines on a dask cluster's workers).
+    threads : int
+        The training sessions' threads (0: the runtime's default).
     score_validation : callable
         ``score_validation(X_val, y_val, sample_weight_val, predicted)``: the
         validation score (R2, accuracy).
@@ -135,9 +138,6 @@ class Fit:
         ``(rows, y_val, sample_weight_val)`` given to ``fit``, or None.
     holds_out : bool, default=False
         Whether a callback asks for a held-out split (``holds_out_validation``).
-    source_context : object, optional
-        What the data source's set-up reads (the estimator, for partitions on a dask
-        cluster).
     """
 
     def __init__(
@@ -151,7 +151,8 @@ class Fit:
         optimizer,
         penalty,
         penalized,
-        make_engine,
+        recipe,
+        threads,
         score_validation,
         stratify,
         name,
@@ -160,7 +161,6 @@ class Fit:
         incremental=False,
         validation=None,
         holds_out=False,
-        source_context=None,
     ):
         for key in SETTINGS:
             setattr(self, key, settings[key])
@@ -168,16 +168,19 @@ class Fit:
             setattr(self, key, _own(progress.get(key, _UNSET)))
         self.engine, self.rows, self.loss, self.optimizer = engine, rows, loss, optimizer
         self.penalty, self.penalized = tuple(penalty), list(penalized)
-        self.make_engine = make_engine
+        self.recipe, self.threads = recipe, threads
         self.score_validation, self.stratify = score_validation, stratify
         self.name, self.classifier = name, classifier
         self.task, self.incremental, self.validation = task, incremental, validation
         self.holds_out = holds_out
-        self.source_context = source_context
 
     def progress(self) -> dict:
         """The fitted attributes of :data:`PROGRESS` as they are now (those set)."""
         return {k: v for k in PROGRESS if (v := getattr(self, k)) is not _UNSET}
+
+    def new_engine(self, loss, optimizer, penalty):
+        """Another engine of the fit's model, for ``loss``, ``optimizer`` and ``penalty``."""
+        return self.recipe.build(loss, optimizer, *penalty, threads=self.threads)
 
     def _batch_size(self, n_samples, warn=True):
         """The rows of a batch, with MLPRegressor's warning when ``batch_size`` is clipped."""
@@ -198,6 +201,7 @@ class Fit:
         the stopping rule and the schedule applied (a callback may stop the fit there).
         """
         engine, task, incremental = self.engine, self.task, self.incremental
+        self.rows.start_epochs(self, self.loss, engine)  # where the rows are: its set-up
         early_stopping = self.early_stopping and not incremental
         # a callback may ask for a held-out split of its own (EarlyStopping)
         held_out = early_stopping or (not incremental and self.holds_out)
@@ -461,9 +465,9 @@ class Fit:
         l1 = self.penalty[0] * self.penalty[1]
         objectives = [
             self.rows.objective(  # rows in memory, or partitions on a dask cluster
-                self.source_context,
+                self,
                 self.loss if smooth is None else smooth,
-                self.engine if smooth is None else self.make_engine(smooth, SGD(), penalty),
+                self.engine if smooth is None else self.new_engine(smooth, SGD(), penalty),
                 self.penalized,
                 *penalty,
                 l1=l1,

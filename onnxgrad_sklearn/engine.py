@@ -17,12 +17,19 @@ the optimizer state as ``OrtValue`` objects, and the sessions (the process's,
 shared by the fits of a structure). One call of :meth:`TrainingEngine.train_batch`
 runs forward, backward and the update.
 
+:class:`EngineRecipe` is what an engine is built from besides the loss, the update
+rule, the penalty and the threads (the converted template, its output, the trained
+and penalized weights, the device, the backend): the estimator builds its engines
+through one, and a fit on a dask cluster sends one to its workers, which build theirs.
+
 The penalty's coefficients are inputs of the training graph (:data:`PENALTY_INPUTS`),
 as the learning rate is of the update: fits that differ in ``alpha`` share a plan.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -45,6 +52,7 @@ onnx = lazy("onnx")
 
 __all__ = [
     "PENALTY_INPUTS",
+    "EngineRecipe",
     "TrainingEngine",
     "build_training_graph",
     "penalty_coefficients",
@@ -606,3 +614,132 @@ class TrainingEngine:
     def predict(self, X: np.ndarray) -> np.ndarray:
         """Return the model's predictions for ``X`` with the current weights."""
         return self._backend.predict(X)
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineRecipe:
+    """What a :class:`TrainingEngine` is built from, besides the loss, the update rule,
+    the penalty and the threads: small and picklable (a fit on a dask cluster sends one
+    to its workers, which build their engines from it).
+
+    Parameters
+    ----------
+    converted : ConvertedTemplate
+        The converted template (:class:`~onnxgrad_sklearn.templates.ConvertedTemplate`):
+        its artifact's key names the structure, its values are the starting weights.
+    output_name : str
+        Its prediction output.
+    weight_names : tuple of str
+        The initializers to train.
+    penalized : tuple of str
+        Those the penalty applies to.
+    n_outputs : int
+        Width of the targets.
+    device : str, default="cpu"
+        ``"cpu"`` or ``"cuda[:N]"``.
+    backend : {"auto", "agent", "standard"}, default="auto"
+        Which backend trains (see :class:`TrainingEngine`).
+    """
+
+    converted: object
+    output_name: str
+    weight_names: tuple
+    penalized: tuple
+    n_outputs: int
+    device: str = "cpu"
+    backend: str = "auto"
+
+    @classmethod
+    def of(cls, converted, n_outputs, device="cpu", backend="auto") -> EngineRecipe:
+        """The recipe that trains ``converted``'s trainable parameters, the penalty on
+        those it marks penalized.
+
+        Parameters
+        ----------
+        converted : ConvertedTemplate
+            The converted template.
+        n_outputs : int
+            Width of the targets.
+        device : str, default="cpu"
+            ``"cpu"`` or ``"cuda[:N]"``.
+        backend : {"auto", "agent", "standard"}, default="auto"
+            Which backend trains.
+
+        Returns
+        -------
+        EngineRecipe
+        """
+        names = converted.initializer_names
+        trained = [k for k, p in enumerate(converted.params) if p.trainable]
+        return cls(
+            converted,
+            converted.output_name,
+            tuple(names[k] for k in trained),
+            tuple(names[k] for k in trained if converted.params[k].penalized),
+            n_outputs,
+            device,
+            backend,
+        )
+
+    def with_weights(self, weights: Sequence[np.ndarray]) -> EngineRecipe:
+        """This recipe, its converted template (a copy) holding ``weights`` as the
+        values of :attr:`weight_names`: what a large model's engine holds alone while
+        it trains (``_base._release_trained_values``).
+
+        Parameters
+        ----------
+        weights : list of ndarray
+            A value for each of :attr:`weight_names`, in that order.
+
+        Returns
+        -------
+        EngineRecipe
+        """
+        conv = copy.copy(self.converted)
+        where = {name: k for k, name in enumerate(conv.initializer_names)}
+        indices = [where[name] for name in self.weight_names]
+        values = conv.initializer_values(skip=set(indices))
+        for k, w in zip(indices, weights):
+            values[k] = w
+        conv.model = conv.with_values(values)
+        return dataclasses.replace(self, converted=conv)
+
+    def build(
+        self,
+        loss: BaseLoss,
+        optimizer: BaseOptimizer,
+        alpha: float = 0.0,
+        l1_ratio: float = 0.0,
+        threads: int = 0,
+    ) -> TrainingEngine:
+        """A training engine of this recipe.
+
+        Parameters
+        ----------
+        loss : BaseLoss
+            The loss.
+        optimizer : BaseOptimizer
+            The update rule.
+        alpha, l1_ratio : float, default=0.0
+            Elastic-net penalty.
+        threads : int, default=0
+            Intra-op threads of the sessions (0: the runtime's default).
+
+        Returns
+        -------
+        TrainingEngine
+        """
+        return TrainingEngine(
+            self.converted,  # its artifact's key names the structure; its values are the start
+            self.output_name,
+            self.weight_names,
+            self.penalized,
+            self.n_outputs,
+            loss,
+            optimizer,
+            alpha=alpha,
+            l1_ratio=l1_ratio,
+            device=self.device,
+            backend=self.backend,
+            threads=threads,
+        )

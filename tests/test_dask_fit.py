@@ -25,6 +25,7 @@ distributed = pytest.importorskip("distributed")
 pd = pytest.importorskip("pandas")
 onnxruntime = pytest.importorskip("onnxruntime")
 
+from _dask_counts import Counting, engines, predicted, predictors, served  # noqa: E402
 from _helpers import BACKENDS  # noqa: E402
 from sklearn.compose import ColumnTransformer  # noqa: E402
 from sklearn.exceptions import ConvergenceWarning  # noqa: E402
@@ -36,6 +37,9 @@ from sklearn.preprocessing import OneHotEncoder, StandardScaler  # noqa: E402
 
 import onnxgrad_sklearn  # noqa: E402
 from onnxgrad_sklearn import OrtGradientClassifier, OrtGradientRegressor, _dask  # noqa: E402
+from onnxgrad_sklearn._dask import batches, rounds  # noqa: E402
+from onnxgrad_sklearn._dask import client as dask_client  # noqa: E402
+from onnxgrad_sklearn._fit import Fit  # noqa: E402
 
 #: Seconds any test of this module may take before it fails (a hang guard).
 TEST_TIMEOUT_S = 150
@@ -70,7 +74,8 @@ def client():
         ) as cluster,
         distributed.Client(cluster) as c,
     ):
-        c.run(_dask._versions)  # the workers import the package and onnxruntime once
+        c.run(dask_client._versions)  # the workers import the package and onnxruntime once
+        c.register_plugin(Counting())  # what the tests count on the workers (_dask_counts)
         yield c
 
 
@@ -98,11 +103,6 @@ def assert_close_fit_of(got, expected, rtol, atol):
         )
 
 
-def served(client):
-    """Evaluation tasks each worker ran so far."""
-    return client.run(_dask._served)
-
-
 # without a client (first: the module's cluster is not started yet) ---------------
 def test_import_does_not_import_dask():
     code = "import sys, onnxgrad_sklearn; print(sorted(m for m in sys.modules if 'dask' in m))"
@@ -111,7 +111,7 @@ def test_import_does_not_import_dask():
 
 
 def test_no_client_computes_into_memory(caplog):
-    if _dask._get_client() is not None:
+    if dask_client._get_client() is not None:
         pytest.skip("a distributed client of another test is running")
     X, y = binary_data(2000, 5)
     Xd, yd = da.from_array(X, chunks=500), da.from_array(y, chunks=500)
@@ -148,9 +148,9 @@ def test_lbfgs_binary_float32_matches_one_machine(client):
     assert all(after[a] > before.get(a, 0) for a in after), (before, after)
     # the fit's engines are dropped from the workers once it returns (not waited for)
     deadline = time.monotonic() + 10
-    while any(client.run(_dask._engines).values()) and time.monotonic() < deadline:
+    while any(engines(client).values()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(client.run(_dask._engines).values())
+    assert not any(engines(client).values())
 
 
 def test_poisson_float64_from_a_dataframe(client):
@@ -341,7 +341,7 @@ def test_predict_on_dask_collections(client):
     X, y = binary_data(3000, 5, seed=3)
     est = OrtGradientClassifier(LogisticRegression()).fit(X, y)
     Xd = da.from_array(X, chunks=500)
-    client.run(_dask._predictors, True)  # cleared
+    predictors(client, clear=True)
     for name in ("predict", "predict_proba", "predict_log_proba", "decision_function"):
         out = getattr(est, name)(Xd)
         assert isinstance(out, da.Array), name
@@ -349,7 +349,7 @@ def test_predict_on_dask_collections(client):
         assert got.shape == expected.shape and got.dtype == expected.dtype, name
         np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7, err_msg=name)
     # the estimator is one key of each graph: unpickled once per worker and call
-    seen = client.run(_dask._predictors, True)
+    seen = predictors(client, clear=True)
     assert sum(sum(c.values()) for c in seen.values()) == 4 * Xd.numblocks[0]
     assert all(len(c) <= 4 for c in seen.values()), seen
     assert est.score(Xd, da.from_array(y, chunks=500)) == pytest.approx(est.score(X, y), abs=1e-12)
@@ -373,7 +373,7 @@ def scattered(monkeypatch, sent):
     the workers instead (the weights of an L-BFGS evaluation, the validation rows'
     numbers once; a mini-batch round's calls carry theirs)."""
     if sent == "scattered":
-        monkeypatch.setattr(_dask, "INLINE_BYTES", 0)
+        monkeypatch.setattr(rounds, "INLINE_BYTES", 0)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -397,6 +397,28 @@ def test_sync_every_1_adam_matches_one_machine(client, backend):
     # 14 batches an epoch: both workers served rounds
     assert all(after[a] > before.get(a, 0) for a in after), (before, after)
     np.testing.assert_allclose(got.predict(X), expected.predict(X), rtol=1e-4, atol=1e-5)
+
+
+def test_a_large_model_sends_its_engine_weights_to_the_workers(client, monkeypatch):
+    """While a large model trains, its weights are only in the client's engine
+    (``_release_trained_values``): the recipe the workers build their engines from
+    carries them. The fit of the model in memory."""
+    from onnxgrad_sklearn import runtime
+
+    X, y = diabetes()
+    params = dict(optimizer="adam", max_iter=2, batch_size=64, random_state=0)
+    template = MLPRegressor(hidden_layer_sizes=(8,))
+    with pytest.warns(ConvergenceWarning):
+        expected = OrtGradientRegressor(template, **params).fit(X, y)
+    monkeypatch.setattr(runtime, "LARGE_MODEL", 0)  # as for a model of 1M weights
+    monkeypatch.setattr(runtime, "map_large_blocks", lambda threshold: False)  # not here
+    with pytest.warns(ConvergenceWarning):
+        got = OrtGradientRegressor(template, **params).fit(
+            da.from_array(X, chunks=150), da.from_array(y, chunks=150)
+        )
+    assert got._engine.large
+    np.testing.assert_allclose(got.loss_curve_, expected.loss_curve_, rtol=1e-5)
+    np.testing.assert_allclose(mlp_weights(got), mlp_weights(expected), rtol=1e-4, atol=1e-5)
 
 
 def test_sync_every_1_nesterov_classifier_with_weights(client):
@@ -441,11 +463,6 @@ def test_sync_every_1_early_stopping_on_a_given_validation_set(client):
     assert got.n_iter_ == expected.n_iter_ < 30  # stopped early, at the same epoch
     np.testing.assert_allclose(got.validation_scores_, expected.validation_scores_, rtol=1e-4)
     np.testing.assert_allclose(mlp_weights(got), mlp_weights(expected), rtol=1e-4, atol=1e-5)
-
-
-def predicted(client):
-    """Validation rows each worker predicted during fits so far."""
-    return client.run(_dask._predicted)
 
 
 @pytest.fixture
@@ -868,14 +885,14 @@ def test_local_sgd_with_a_held_out_split_trains_on_the_workers(client, caplog, m
     )  # fmt: skip
     make = functools.partial(OrtGradientRegressor, MLPRegressor(hidden_layer_sizes=(32,)))
     held = []  # the rows each fit holds out
-    original = OrtGradientRegressor._split_validation
+    original = Fit._split_validation
 
     def split(self, *args, **kwargs):
         out = original(self, *args, **kwargs)
         held.append(np.sort(out[2]))
         return out
 
-    monkeypatch.setattr(OrtGradientRegressor, "_split_validation", split)
+    monkeypatch.setattr(Fit, "_split_validation", split)
     with pytest.warns(ConvergenceWarning):
         expected = make(**params).fit(X, y)
     # one placement of the partitions for both fits on the cluster
@@ -918,12 +935,12 @@ def test_the_workers_are_asked_for_not_taken_from_the_client_cache(client, monke
 
 def test_workers_of_another_version_are_refused(client, monkeypatch):
     fake = functools.partial(dict, onnxgrad_sklearn="0.0.1", onnxruntime="0.0.2")
-    monkeypatch.setattr(_dask, "_worker_versions", fake)
+    monkeypatch.setattr(dask_client, "_worker_versions", fake)
     X, y = binary_data(300, 3)
     with pytest.raises(RuntimeError) as info:
         OrtGradientClassifier(LogisticRegression()).fit(da.from_array(X), da.from_array(y))
     message = str(info.value)
-    here = _dask._versions()
+    here = dask_client._versions()
     assert f"onnxgrad_sklearn {onnxgrad_sklearn.__version__}" in message
     assert f"onnxruntime {here['onnxruntime']}" in message
     assert "onnxgrad_sklearn 0.0.1 with onnxruntime 0.0.2" in message
@@ -932,7 +949,7 @@ def test_workers_of_another_version_are_refused(client, monkeypatch):
 def _fit_in_a_task(X, y):
     Xd, yd = da.from_array(X, chunks=len(X) // 3), da.from_array(y, chunks=len(y) // 3)
     est = OrtGradientClassifier(LogisticRegression()).fit(Xd, yd)
-    return weights_of(est), _dask._get_client() is not None
+    return weights_of(est), dask_client._get_client() is not None
 
 
 def test_fit_from_inside_a_dask_task(client):
@@ -1011,7 +1028,7 @@ def test_ctrl_c_keeps_the_weights_of_the_last_completed_round(client, monkeypatc
 
     fits = []
     for cls, data in [
-        (_dask._DaskBatches, (da.from_array(X, chunks=150), da.from_array(y, chunks=150))),
+        (batches._DaskBatches, (da.from_array(X, chunks=150), da.from_array(y, chunks=150))),
         (_data.MemoryBatches, (X, y)),
     ]:
         interrupted(cls)
@@ -1085,7 +1102,7 @@ def test_lost_rows_of_local_sgd_that_cannot_be_computed_again_raise(client, monk
     """sync_every=4, y sent from this process: the worker exits before the 2nd round,
     an error names the partitions lost, the fit never hangs."""
     client.wait_for_workers(2, timeout=60)
-    monkeypatch.setattr(_dask, "RECOVERY_S", 10.0)
+    monkeypatch.setattr(rounds, "RECOVERY_S", 10.0)
     X, y = binary_data(8000, 6, seed=9)
     killed = _kill_a_worker_at(monkeypatch, client, evaluation=1)
     est = OrtGradientClassifier(
@@ -1100,7 +1117,7 @@ def test_lost_rows_of_local_sgd_that_cannot_be_computed_again_raise(client, monk
 def test_lost_rows_that_cannot_be_computed_again_raise(client, monkeypatch):
     """y sent from this process dies with its worker: an error names the partitions."""
     client.wait_for_workers(2, timeout=60)
-    monkeypatch.setattr(_dask, "RECOVERY_S", 10.0)
+    monkeypatch.setattr(rounds, "RECOVERY_S", 10.0)
     X, y = binary_data(8000, 6, seed=6)
     Xd = da.from_array(X, chunks=1000)
     killed = _kill_a_worker_at(monkeypatch, client, evaluation=2)

@@ -42,7 +42,7 @@ def fit_head(client, head, blocks, addresses):
     """
     from sklearn.pipeline import Pipeline
 
-    from .templates import _is_fitted
+    from ..templates import _is_fitted
 
     fitted = []
     for name, step in head.steps:
@@ -69,7 +69,7 @@ def _fit_step(client, step, before, columns, blocks, addresses):
     from sklearn.compose import ColumnTransformer
     from sklearn.pipeline import Pipeline
 
-    from .templates import _is_fitted
+    from ..templates import _is_fitted
 
     if step in (None, "passthrough", "drop") or _is_fitted(step):
         return step
