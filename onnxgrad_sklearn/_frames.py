@@ -188,11 +188,6 @@ def check_raw_frame(est, X) -> None:
         raise ValueError(f"X has no column {missing[0]!r}, which the model was fitted on.")
 
 
-def graph_width(model) -> int:
-    """Number of columns of the one matrix input of ``model``."""
-    return model.graph.input[0].type.tensor_type.shape.dim[1].dim_value
-
-
 def join_head(est, model, dtype=None):
     """``model``, or after a fit on raw columns the head's graph joined in front of it.
 

@@ -164,11 +164,13 @@ def unfitted_head_steps(template) -> list[str]:
     return [
         name
         for name, step in template.steps[:-1]
-        if step not in (None, "passthrough") and not _is_fitted(step)
+        if step not in (None, "passthrough") and not is_fitted(step)
     ]
 
 
-def _is_fitted(est) -> bool:
+def is_fitted(est) -> bool:
+    """Whether scikit-learn's ``check_is_fitted`` finds ``est`` fitted (False for
+    anything it cannot tell, such as an object that is not an estimator)."""
     try:
         check_is_fitted(est)
     except Exception:
@@ -475,7 +477,7 @@ def prepare_template(template, X, n_outputs, random_state):
     """
     est = copy.deepcopy(template)
     final = final_estimator(est)
-    if _is_fitted(final):
+    if is_fitted(final):
         n_in = getattr(final, "n_features_in_", None)
         if n_in is not None and isinstance(est, Pipeline):
             expected = est[:-1].transform(X[:1]).shape[1]
@@ -489,7 +491,7 @@ def prepare_template(template, X, n_outputs, random_state):
         head = est[:-1]
         Xt = (
             head.transform(X[:1])  # only its width is read
-            if all(_is_fitted(s) for _, s in head.steps)
+            if all(is_fitted(s) for _, s in head.steps)
             else head.fit_transform(X)
         )
         n_features = Xt.shape[1] if hasattr(Xt, "shape") else np.asarray(Xt).shape[1]  # sparse too

@@ -85,7 +85,7 @@ def test_auto_picks_the_standard_backend_without_the_training_build(monkeypatch,
 
 def test_explicit_agent_without_the_training_build_is_refused_before_conversion(monkeypatch):
     monkeypatch.setattr(backends_module, "agent_available", lambda: False)
-    import onnxgrad_sklearn._base as base_module
+    import onnxgrad_sklearn._setup as base_module
 
     def no_conversion(*args, **kwargs):
         raise AssertionError("converted before refusing")
@@ -341,7 +341,7 @@ def test_an_explicit_agent_on_cuda_without_the_training_build_names_the_cuda_bui
 
 
 def test_float64_on_cuda_is_refused_before_conversion(monkeypatch, cuda_listed):
-    import onnxgrad_sklearn._base as base_module
+    import onnxgrad_sklearn._setup as base_module
 
     def no_conversion(*args, **kwargs):
         raise AssertionError("converted before refusing")

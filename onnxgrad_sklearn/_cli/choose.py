@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import losses as _losses
+from ..templates import is_fitted
 from .common import (
     CLASSIFICATION_LOSSES,
     LOSS_FLAGS,
@@ -15,7 +16,6 @@ from .common import (
     REGRESSION_LOSSES,
     SKOPS_SUFFIXES,
     CLIError,
-    _is_fitted,
     _load_model,
     _quoted,
     _warn,
@@ -153,7 +153,7 @@ def _init_template(args, data: _Data, path: str) -> _Template:
         )
     if args.task not in ("auto", task):
         raise CLIError(f"--task {args.task}, but the model in {path} is a {task} model")
-    fitted = _is_fitted(template)
+    fitted = is_fitted(template)
     reordered = _order_columns(data, loaded, template, fitted, path)
     origin = f", {'fine-tuned from' if fitted else 'initialised, unfitted, from'} {path}"
     if reordered:
@@ -172,7 +172,7 @@ def _unwrap(loaded, path: str):
     scaler = None
     model = loaded
     if isinstance(model, TransformedTargetRegressor):
-        if not _is_fitted(model):
+        if not is_fitted(model):
             raise CLIError(f"the TransformedTargetRegressor in {path} is not fitted")
         scaler = model.transformer_
         if not (hasattr(scaler, "mean_") or hasattr(scaler, "scale_")):
@@ -182,7 +182,7 @@ def _unwrap(loaded, path: str):
             )
         model = model.regressor_
     if isinstance(model, BaseOrtGradient):
-        if not _is_fitted(model):
+        if not is_fitted(model):
             return model._template(), scaler, model
         return model.estimator_, scaler, model
     return model, scaler, None

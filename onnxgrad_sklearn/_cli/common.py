@@ -179,17 +179,6 @@ def _load_skops(path: str, trust: bool):
         raise CLIError(f"cannot load the model in {path}: {_one_line(exc)}") from exc
 
 
-def _is_fitted(model) -> bool:
-    from sklearn.exceptions import NotFittedError
-    from sklearn.utils.validation import check_is_fitted
-
-    try:
-        check_is_fitted(model)
-    except (NotFittedError, TypeError):
-        return False
-    return True
-
-
 def _parent(path: str) -> None:
     folder = os.path.dirname(path)
     try:

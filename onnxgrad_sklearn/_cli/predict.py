@@ -8,13 +8,13 @@ import os
 import sys
 
 from .._export import META_CLASSES, META_FEATURES, META_FEATURES_JSON
+from ..templates import is_fitted
 from .common import (
     ONNX_SUFFIXES,
     PICKLE_SUFFIXES,
     SKOPS_SUFFIXES,
     CLIError,
     _feature_frame,
-    _is_fitted,
     _load_model,
     _one_line,
     _parent,
@@ -107,7 +107,7 @@ class _EstimatorPredictor:
         self.model = _load_model(path, trust)
         if not hasattr(self.model, "predict"):
             raise CLIError(f"{path} does not hold an estimator (got {type(self.model).__name__})")
-        if not _is_fitted(self.model):
+        if not is_fitted(self.model):
             raise CLIError(f"the model in {path} is not fitted: train it first (fit)")
         names = getattr(self.model, "feature_names_in_", None)
         self.features = None if names is None else [str(n) for n in names]

@@ -42,11 +42,11 @@ def fit_head(client, head, blocks, addresses):
     """
     from sklearn.pipeline import Pipeline
 
-    from ..templates import _is_fitted
+    from ..templates import is_fitted
 
     fitted = []
     for name, step in head.steps:
-        if step not in (None, "passthrough") and not _is_fitted(step):
+        if step not in (None, "passthrough") and not is_fitted(step):
             before = Pipeline(fitted) if fitted else None
             try:
                 step = _fit_step(client, step, before, None, blocks, addresses)
@@ -69,9 +69,9 @@ def _fit_step(client, step, before, columns, blocks, addresses):
     from sklearn.compose import ColumnTransformer
     from sklearn.pipeline import Pipeline
 
-    from ..templates import _is_fitted
+    from ..templates import is_fitted
 
-    if step in (None, "passthrough", "drop") or _is_fitted(step):
+    if step in (None, "passthrough", "drop") or is_fitted(step):
         return step
     if isinstance(step, Pipeline):
         fitted = []
