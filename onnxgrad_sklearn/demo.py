@@ -58,30 +58,49 @@ def main(argv=None) -> int:
 
 def run(epochs: int = DEFAULT_EPOCHS, out: str = DEFAULT_OUT) -> int:
     """Run the demo for ``epochs`` epochs, writing its files into the folder ``out``."""
-    from sklearn.datasets import load_diabetes
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.metrics import r2_score
-    from sklearn.model_selection import train_test_split
-    from sklearn.neural_network import MLPRegressor
-    from sklearn.preprocessing import StandardScaler
+    data = _diabetes()
+    X_train = data[0]
+    print(
+        f"Diabetes: {X_train.shape[0]} training rows, {X_train.shape[1]} features; "
+        f"MLP (64,), Nesterov momentum 0.9, alpha 3.0, {epochs} epochs"
+    )
+    reg, ref, seconds = _train(data, epochs)
+    for epoch, loss in enumerate(reg.loss_curve_, 1):
+        print(f"epoch {epoch:3d}  loss {loss:.6f}")
+    _report(reg, ref, data, seconds)
+    path = _write_onnx(reg, data[1], out)
+    _write_plot(reg, os.path.splitext(path)[0] + ".png")
+    return 0
 
-    from .optim import Nesterov
-    from .regressor import OrtGradientRegressor
-    from .runtime import import_onnxruntime
+
+def _diabetes():
+    """The diabetes data split 3:1, the features standardised on the training rows:
+    ``(X_train, X_test, y_train, y_test, y_mean, y_std)``."""
+    from sklearn.datasets import load_diabetes
+    from sklearn.model_selection import train_test_split
+    from sklearn.preprocessing import StandardScaler
 
     X, y = load_diabetes(return_X_y=True)
     X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.25, random_state=0)
     scaler = StandardScaler().fit(X_train)
     X_train, X_test = scaler.transform(X_train), scaler.transform(X_test)
-    y_mean, y_std = y_train.mean(), y_train.std()
-    y_train_s = (y_train - y_mean) / y_std
+    return X_train, X_test, y_train, y_test, y_train.mean(), y_train.std()
 
+
+def _train(data, epochs):
+    """The package's fit and MLPRegressor's on the scaled targets, each timed twice: the
+    first fit of the process (onnx and onnxruntime imported, the graphs built or read
+    from the cache), then a second one. Returns both models and their seconds."""
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.neural_network import MLPRegressor
+
+    from .optim import Nesterov
+    from .regressor import OrtGradientRegressor
+
+    X_train, _, y_train, _, y_mean, y_std = data
+    y_scaled = (y_train - y_mean) / y_std
     settings = dict(
         learning_rate_init=0.01, alpha=3.0, batch_size=32, max_iter=epochs, random_state=0
-    )
-    print(
-        f"Diabetes: {X_train.shape[0]} training rows, {X_train.shape[1]} features; "
-        f"MLP (64,), Nesterov momentum 0.9, alpha 3.0, {epochs} epochs"
     )
 
     def ours():
@@ -90,39 +109,46 @@ def run(epochs: int = DEFAULT_EPOCHS, out: str = DEFAULT_OUT) -> int:
 
     def theirs():
         return MLPRegressor(
-            hidden_layer_sizes=(64,),
-            solver="sgd",
-            momentum=0.9,
-            nesterovs_momentum=True,
+            hidden_layer_sizes=(64,), solver="sgd", momentum=0.9, nesterovs_momentum=True,
             **settings,
-        )
+        )  # fmt: skip
 
+    seconds = {"ours": [], "theirs": []}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        # each timed twice: the first fit of the process (onnx and onnxruntime imported,
-        # the graphs built or read from the cache), then a second one
-        ort_seconds, skl_seconds = [], []
         for _ in range(2):
-            begin = time.perf_counter()
-            reg = ours().fit(X_train, y_train_s)
-            ort_seconds.append(time.perf_counter() - begin)
-            begin = time.perf_counter()
-            ref = theirs().fit(X_train, y_train_s)
-            skl_seconds.append(time.perf_counter() - begin)
+            for name, make in (("ours", ours), ("theirs", theirs)):
+                begin = time.perf_counter()
+                model = make().fit(X_train, y_scaled)
+                seconds[name].append(time.perf_counter() - begin)
+                if name == "ours":
+                    reg = model
+                else:
+                    ref = model
+    return reg, ref, seconds
 
-    for epoch, loss in enumerate(reg.loss_curve_, 1):
-        print(f"epoch {epoch:3d}  loss {loss:.6f}")
 
-    r2_ort = r2_score(y_test, reg.predict(X_test) * y_std + y_mean)
-    r2_skl = r2_score(y_test, ref.predict(X_test) * y_std + y_mean)
-    for name, r2, seconds in (
-        ("OrtGradientRegressor:", r2_ort, ort_seconds),
-        ("MLPRegressor (sgd):  ", r2_skl, skl_seconds),
+def _report(reg, ref, data, seconds):
+    """Print both models' test R2 and their fits' seconds."""
+    from sklearn.metrics import r2_score
+
+    _, X_test, _, y_test, y_mean, y_std = data
+    for name, model, key in (
+        ("OrtGradientRegressor:", reg, "ours"),
+        ("MLPRegressor (sgd):  ", ref, "theirs"),
     ):
+        r2 = r2_score(y_test, model.predict(X_test) * y_std + y_mean)
+        first, second = seconds[key]
         print(
-            f"test R2  {name} {r2:.4f}  (first fit of the process {seconds[0]:.2f} s, "
-            f"second fit {seconds[1]:.2f} s)"
+            f"test R2  {name} {r2:.4f}  (first fit of the process {first:.2f} s, "
+            f"second fit {second:.2f} s)"
         )
+
+
+def _write_onnx(reg, X_test, out) -> str:
+    """Write the trained ONNX model into ``out``, check onnxruntime's predictions on it
+    against ``predict``; return its path."""
+    from .runtime import import_onnxruntime
 
     os.makedirs(out, exist_ok=True)
     path = os.path.abspath(os.path.join(out, "diabetes_mlp.onnx"))
@@ -133,24 +159,26 @@ def run(epochs: int = DEFAULT_EPOCHS, out: str = DEFAULT_OUT) -> int:
     gap = np.max(np.abs(onnx_pred - reg.predict(X_test)))
     print(f"trained ONNX model written to {path}")
     print(f"onnxruntime on that file matches predict() to {gap:.2e}")
+    return path
 
-    png = os.path.splitext(path)[0] + ".png"
+
+def _write_plot(reg, png):
+    """Write the loss curve to ``png`` where matplotlib is installed."""
     try:
         import matplotlib
     except ImportError:
         print("loss-curve PNG skipped: matplotlib is not installed (pip install matplotlib)")
-    else:
-        matplotlib.use("Agg")  # write files only, no window
-        import matplotlib.pyplot as plt
+        return
+    matplotlib.use("Agg")  # write files only, no window
+    import matplotlib.pyplot as plt
 
-        from .plotting import plot_loss_curve
+    from .plotting import plot_loss_curve
 
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        plot_loss_curve(reg, ax=ax)
-        fig.savefig(png, dpi=100, bbox_inches="tight")
-        plt.close(fig)
-        print(f"loss curve written to {png}")
-    return 0
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    plot_loss_curve(reg, ax=ax)
+    fig.savefig(png, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    print(f"loss curve written to {png}")
 
 
 if __name__ == "__main__":

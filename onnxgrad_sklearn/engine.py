@@ -124,7 +124,7 @@ def build_training_graph(
         ``y_true`` is that of what the loss receives, or the loss's
         ``target_width`` where it sets one.
     """
-    from ._graph import GraphBuilder, model_dtype, tensor_info
+    from ._graph import GraphBuilder, model_dtype
 
     g = GraphBuilder("train", dtype=model_dtype(model))  # the loss computes in the model's type
     pred = g.op("Reshape", output_name, g.const([-1, n_outputs], np.int64))
@@ -135,22 +135,49 @@ def build_training_graph(
     total = g.div(g.sum(g.mul(per_sample, SAMPLE_WEIGHT)), sw_sum)
     coefficients = penalty_coefficients(alpha, l1_ratio, penalized)
     if coefficients:
-        l2 = l1 = None
-        for name in penalized:
-            if PENALTY_INPUTS[0] in coefficients:
-                sq = g.sum(g.mul(name, name))
-                l2 = sq if l2 is None else g.add(l2, sq)
-            if PENALTY_INPUTS[1] in coefficients:
-                ab = g.sum(g.abs(name))
-                l1 = ab if l1 is None else g.add(l1, ab)
-        terms = []
-        if l2 is not None:
-            terms.append(g.mul(l2, PENALTY_INPUTS[0]))
-        if l1 is not None:
-            terms.append(g.mul(l1, PENALTY_INPUTS[1]))
-        penalty = terms[0] if len(terms) == 1 else g.add(*terms)
-        total = g.add(total, g.div(penalty, sw_sum))
+        total = g.add(total, g.div(_penalty(g, coefficients, penalized), sw_sum))
     g.identity(total, LOSS)
+    out = _with_loss_part(model, g, coefficients)
+    # With every shape of the loss part known (no Reshape to -1, the width of y_true
+    # given), the gradient builder resolves its broadcasting at build time too.
+    renamed, shapes = _drop_noop_reshapes(out)
+    _match_constant_ranks(out, shapes, keep={i.name for i in model.graph.initializer})
+    while pred in renamed:
+        pred = renamed[pred]
+    while per_sample in renamed:
+        per_sample = renamed[per_sample]
+    _check_per_sample_shape(loss, shapes.get(per_sample))
+    width = loss.target_width or shapes.get(pred, [None])[-1]
+    if isinstance(width, int):
+        y_true = len(out.graph.input) - 2 - len(coefficients)
+        out.graph.input[y_true].type.tensor_type.shape.dim[1].dim_value = width
+    return out
+
+
+def _penalty(g, coefficients, penalized) -> str:
+    """The penalty's terms for the coefficients the graph has (:data:`PENALTY_INPUTS`):
+    the squares and the absolute values of the ``penalized`` weights, each times its
+    coefficient input."""
+    l2 = l1 = None
+    for name in penalized:
+        if PENALTY_INPUTS[0] in coefficients:
+            sq = g.sum(g.mul(name, name))
+            l2 = sq if l2 is None else g.add(l2, sq)
+        if PENALTY_INPUTS[1] in coefficients:
+            ab = g.sum(g.abs(name))
+            l1 = ab if l1 is None else g.add(l1, ab)
+    terms = []
+    if l2 is not None:
+        terms.append(g.mul(l2, PENALTY_INPUTS[0]))
+    if l1 is not None:
+        terms.append(g.mul(l1, PENALTY_INPUTS[1]))
+    return terms[0] if len(terms) == 1 else g.add(*terms)
+
+
+def _with_loss_part(model, g, coefficients) -> onnx.ModelProto:
+    """A copy of ``model`` with the nodes of ``g`` appended, the inputs ``y_true``,
+    ``sample_weight`` and the penalty's coefficients, and ``loss`` as its one output."""
+    from ._graph import tensor_info
 
     out = onnx.ModelProto()
     out.CopyFrom(model)
@@ -171,21 +198,8 @@ def build_training_graph(
         ]
         + [tensor_info(name, [], g.elem_type) for name in coefficients]
     )
-    y_true = len(graph.input) - 2 - len(coefficients)
     del graph.output[:]
     graph.output.append(tensor_info(LOSS, [], g.elem_type))
-    # With every shape of the loss part known (no Reshape to -1, the width of y_true
-    # given), the gradient builder resolves its broadcasting at build time too.
-    renamed, shapes = _drop_noop_reshapes(out)
-    _match_constant_ranks(out, shapes, keep={i.name for i in model.graph.initializer})
-    while pred in renamed:
-        pred = renamed[pred]
-    while per_sample in renamed:
-        per_sample = renamed[per_sample]
-    _check_per_sample_shape(loss, shapes.get(per_sample))
-    width = loss.target_width or shapes.get(pred, [None])[-1]
-    if isinstance(width, int):
-        graph.input[y_true].type.tensor_type.shape.dim[1].dim_value = width
     return out
 
 
@@ -452,18 +466,15 @@ class TrainingEngine:
         key = None
         if parts[0] is not None and (loss_input is None or loss_input_key is not None):
             key = artifacts.stable_key("plan", parts)
-        plan = find_plan(key)
-        if plan is None:
+
+        def training_graph():
             graph = converted.model if converted is not None else model
-            training = build_training_graph(
+            built = build_training_graph(
                 graph, output_name, n_outputs, loss, alpha, l1_ratio, penalized, loss_input
             )
-            plan = build_plan(
-                backend, training, graph, self.weight_names, self.shapes, optimizer, device, key
-            )
-        elif plan.meta.get("log"):
-            logger.info(plan.meta["log"])  # the choice, as when the plan was built
-        self.plan = plan
+            return built, graph
+
+        plan = self.plan = self._plan(key, training_graph, backend)
         self.backend = plan.backend
         self._backend: Backend = make_backend(
             self.backend,
@@ -480,6 +491,20 @@ class TrainingEngine:
         if self.backend == "standard":
             # a short batch may be padded with rows of weight 0 when rows do not mix
             self._backend.pad_batches = bool(getattr(loss, "rowwise", True))
+
+    def _plan(self, key, training_graph, backend):
+        """The plan of ``key`` found again, or built from ``training_graph()`` (the
+        training graph and the inference graph) and kept."""
+        plan = find_plan(key)
+        if plan is None:
+            training, graph = training_graph()
+            return build_plan(
+                backend, training, graph, self.weight_names, self.shapes, self.optimizer,
+                self.device, key,
+            )  # fmt: skip
+        if plan.meta.get("log"):
+            logger.info(plan.meta["log"])  # the choice, as when the plan was built
+        return plan
 
     @property
     def training(self) -> onnx.ModelProto:

@@ -93,34 +93,43 @@ def plot_loss_curve(est: Any, ax: Axes | None = None) -> Axes:
 
     epochs = list(range(1, len(losses) + 1))
     marker = "o" if len(losses) <= 30 else None
-    loss_name = getattr(est, "loss", None)
-    if loss_name == "auto":  # the template's own loss, as resolved at fit
-        loss_name = repr(getattr(est, "_loss_", None) or "auto")
-    loss_label = f"training loss ({loss_name})" if isinstance(loss_name, str) else "training loss"
-    handles = ax.plot(epochs, list(losses), color="C0", marker=marker, label=loss_label)
+    handles = ax.plot(epochs, list(losses), color="C0", marker=marker, label=_loss_label(est))
     ax.set_xlabel("epoch")
     ax.set_ylabel("training loss")
     if min(losses) > 0 and max(losses) / min(losses) >= 100:
         ax.set_yscale("log")  # a loss spanning orders of magnitude
     ax.grid(True, alpha=0.3)
 
-    scores = getattr(est, "validation_scores_", None)
-    if scores is not None and len(scores) > 0:
-        metric = "accuracy" if is_classifier(est) else "R2"
-        twin = ax.twinx()
-        handles += twin.plot(
-            list(range(1, len(scores) + 1)),
-            list(scores),
-            color="C1",
-            marker=marker,
-            linestyle="--",
-            label=f"validation score ({metric})",
-        )
-        twin.set_ylabel(f"validation score ({metric})")
-
+    handles += _plot_validation(ax, est, marker)
     ax.legend(handles, [h.get_label() for h in handles], loc="best")
     inner = _final_name(est)
     title = f"{type(est).__name__}({inner})" if inner else type(est).__name__
     ax.set_title(f"{title}: {len(losses)} epochs")
     logger.debug("plotted %d epochs of %s", len(losses), title)
     return ax
+
+
+def _loss_label(est) -> str:
+    """The loss curve's label: the loss's name (the template's own, as resolved at fit)."""
+    loss_name = getattr(est, "loss", None)
+    if loss_name == "auto":
+        loss_name = repr(getattr(est, "_loss_", None) or "auto")
+    return f"training loss ({loss_name})" if isinstance(loss_name, str) else "training loss"
+
+
+def _plot_validation(ax, est, marker) -> list:
+    """The validation scores on a second axis, where the fit recorded some: the lines."""
+    scores = getattr(est, "validation_scores_", None)
+    if scores is None or len(scores) == 0:
+        return []
+    metric = "accuracy" if is_classifier(est) else "R2"
+    twin = ax.twinx()
+    twin.set_ylabel(f"validation score ({metric})")
+    return twin.plot(
+        list(range(1, len(scores) + 1)),
+        list(scores),
+        color="C1",
+        marker=marker,
+        linestyle="--",
+        label=f"validation score ({metric})",
+    )

@@ -367,27 +367,31 @@ def guard_update(model: onnx.ModelProto) -> None:
     )
     del graph.node[:]
     graph.node.extend(outside)
-    graph.node.extend(
-        [
-            onnx.helper.make_node(
-                "Sub", [LOSS, LOSS], [UPDATE + "loss_minus_loss"], name=UPDATE + "guard_sub"
-            ),
-            onnx.helper.make_node(
-                "Equal",
-                [UPDATE + "loss_minus_loss", zero],
-                [UPDATE + "loss_is_finite"],
-                name=UPDATE + "guard_finite",
-            ),
-            onnx.helper.make_node(
-                "If",
-                [UPDATE + "loss_is_finite"],
-                [o.name for o in targets],
-                name=UPDATE + "guard",
-                then_branch=then_branch,
-                else_branch=else_branch,
-            ),
-        ]
-    )
+    graph.node.extend(_guard(zero, [o.name for o in targets], then_branch, else_branch))
+
+
+def _guard(zero, outputs, then_branch, else_branch) -> list:
+    """The nodes of the guard: ``If(loss - loss == zero)`` giving ``outputs`` from one
+    branch or the other."""
+    return [
+        onnx.helper.make_node(
+            "Sub", [LOSS, LOSS], [UPDATE + "loss_minus_loss"], name=UPDATE + "guard_sub"
+        ),
+        onnx.helper.make_node(
+            "Equal",
+            [UPDATE + "loss_minus_loss", zero],
+            [UPDATE + "loss_is_finite"],
+            name=UPDATE + "guard_finite",
+        ),
+        onnx.helper.make_node(
+            "If",
+            [UPDATE + "loss_is_finite"],
+            outputs,
+            name=UPDATE + "guard",
+            then_branch=then_branch,
+            else_branch=else_branch,
+        ),
+    ]
 
 
 class _StepRun:
