@@ -19,7 +19,8 @@ TESTS313="tests/test_backends.py tests/test_golden_gradients.py tests/test_gradi
  tests/test_regressor.py tests/test_classifier.py tests/test_reliability.py
  tests/test_callbacks.py tests/test_library_callbacks.py tests/test_artifacts.py
  tests/test_sklearn_parity.py
- tests/test_cold_import.py tests/test_shared_sessions.py tests/test_fit.py tests/test_data.py"
+ tests/test_cold_import.py tests/test_shared_sessions.py tests/test_fit.py tests/test_data.py
+ tests/test_optim.py tests/test_config.py"
 
 setup() {
     local venv="$1" python="$2" extras="$3"
