@@ -33,6 +33,7 @@ from ._frames import (
 )
 from ._hashing import fingerprint
 from ._lazy import lazy
+from .exceptions import ConvergenceError
 from .families import family_of
 from .losses import BaseLoss, get_loss
 from .optim import OPTIMIZER_NAMES, SGD, BaseOptimizer, LearningRateSchedule, get_optimizer
@@ -323,7 +324,10 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
             self.__dict__.clear()
             self.__dict__.update(before, **kept)
             raise
-        del before  # it holds the previous fit's ONNX model and sessions
+        # what the estimator goes back to should training fail (it holds the previous
+        # fit's ONNX model and sessions: only what costs no second copy of the weights)
+        fallback = _fallback(before, first_call, engine)
+        del before
         # The previous fit's predict sessions (a copy of the weights each) go before
         # training: made again at its end, or by predict should the fit stop half-way.
         self._session = self._logit_session = None
@@ -335,14 +339,48 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
                 fit.run_lbfgs()
             else:
                 fit.run_epochs()
-        finally:
-            # the fit's results, as it ended (an error or Ctrl-C included)
-            self.__dict__.update(fit.progress())
-            if not incremental:  # partial_fit goes on in the same sessions at its next call
-                engine.release_sessions()
-            _model.store_weights(self, engine.get_weights())
+        except (KeyboardInterrupt, ConvergenceError):
+            # documented: Ctrl-C keeps the last completed batch (MLPRegressor's rule),
+            # on_divergence="raise" the last finite weights
+            self._end_fit(fit, engine, incremental)
+            raise
+        except BaseException as exc:  # a callback's error, a lost dask worker...
+            engine.release_sessions()
+            self._go_back(fallback, exc)
+            raise
+        self._end_fit(fit, engine, incremental)
         task.finish()
         return self
+
+    def _end_fit(self, fit, engine, incremental):
+        """Read the fit's results and store its weights (the fitted model)."""
+        self.__dict__.update(fit.progress())
+        if not incremental:  # partial_fit goes on in the same sessions at its next call
+            engine.release_sessions()
+        _model.store_weights(self, engine.get_weights())
+
+    def _go_back(self, fallback, exc):
+        """After a fit that failed while training: the previous model (``fallback``), or
+        unfitted; the exception says which."""
+        kept = {k: self.__dict__[k] for k in _CALLBACK_STATE if k in self.__dict__}
+        previous = fallback is not None and "_converted" in fallback
+        if fallback is None:  # keeping the previous model would have cost a copy
+            fallback = self.get_params(deep=False)
+            if "_skl_callbacks" in self.__dict__:  # set_callbacks: a setting, not a result
+                fallback["_skl_callbacks"] = self.__dict__["_skl_callbacks"]
+        self.__dict__.clear()
+        self.__dict__.update(fallback, **kept)
+        if previous:
+            _model.make_sessions(self)
+        what = (
+            "it keeps the model of its previous fit"
+            if previous
+            else "it is unfitted (call fit again)"
+        )
+        note = f"{type(self).__name__}: the fit did not complete, so {what}."
+        if hasattr(exc, "add_note"):  # Python >= 3.11
+            exc.add_note(note)
+        logger.warning(note)
 
     def _new_fit(self, rows, engine, loss, optimizer, task, incremental, validation) -> Fit:
         """The :class:`~onnxgrad_sklearn._fit.Fit` of this call: the estimator's settings,
@@ -511,6 +549,20 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
         model = onnx.ModelProto()
         model.CopyFrom(export.model if isinstance(export, ConvertedTemplate) else export)
         return model
+
+
+def _fallback(before, first_call, engine):
+    """The state a fit that fails while training goes back to: ``before`` (the
+    estimator's attributes before the fit) where its model's weights stay in memory
+    during the fit anyway (an unfitted estimator; a continued fit, whose converted
+    graph keeps the previous weights until the end), less the training engine, whose
+    weights the failed fit moved, and the predict sessions; or None: unfitted (a new fit
+    replaces the model, a large model's weights are only in the engine)."""
+    unfitted = "_converted" not in before
+    if not unfitted and (first_call or engine.large):
+        return None
+    dropped = {"_engine", "_engine_key", "_session", "_logit_session", *_CALLBACK_STATE}
+    return {k: v for k, v in before.items() if k not in dropped}
 
 
 #: What scikit-learn's callback support sets on the estimator during a fit (its

@@ -7,11 +7,11 @@ import warnings
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from _helpers import BACKENDS, onnx_predict
+from _helpers import BACKENDS, QuietCallback, onnx_predict
 from _isolated import run_isolated
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sklearn.exceptions import ConvergenceWarning
+from sklearn.exceptions import ConvergenceWarning, NotFittedError
 from sklearn.neural_network import MLPClassifier, MLPRegressor
 
 from onnxgrad_sklearn import ConvergenceError, OrtGradientClassifier, OrtGradientRegressor
@@ -439,3 +439,91 @@ def test_a_fit_stopped_while_storing_its_weights_leaves_a_usable_estimator(monke
 
     exported = onnx_predict(est.to_onnx(), X).ravel()
     np.testing.assert_allclose(exported, predicted, rtol=1e-5, atol=1e-6)
+
+
+class _RaisesAt(QuietCallback):
+    """Raises in the middle of a fit: at the end of epoch ``at``."""
+
+    def __init__(self, at):
+        self.at = at
+
+    def on_fit_task_end(self, estimator, context):
+        if context.task_name == "epoch" and estimator.n_iter_ == self.at:
+            raise RuntimeError("the callback failed")
+        return False
+
+
+def _raising_mlp(**params):
+    params = {"max_iter": 5, "random_state": 0, **params}
+    return OrtGradientRegressor(MLPRegressor(hidden_layer_sizes=(6,)), **params)
+
+
+def test_a_callback_raising_mid_fit_leaves_an_unfitted_estimator_unfitted():
+    X, y = _data("regressor", n=100)
+    est = _raising_mlp()
+    est.set_callbacks(_RaisesAt(3))
+    with pytest.raises(RuntimeError, match="the callback failed") as raised:
+        est.fit(X, y)
+    with pytest.raises(NotFittedError):
+        est.predict(X)
+    assert not hasattr(est, "n_iter_") and not hasattr(est, "estimator_")
+    if hasattr(raised.value, "add_note"):
+        assert "the fit did not complete, so it is unfitted" in str(raised.value.__notes__)
+    est.set_callbacks()  # the same estimator fits afterwards as a new one does
+    with pytest.warns(ConvergenceWarning):
+        est.fit(X, y)
+    with pytest.warns(ConvergenceWarning):
+        fresh = _raising_mlp().fit(X, y)
+    np.testing.assert_array_equal(est.predict(X), fresh.predict(X))
+
+
+def test_a_callback_raising_in_a_continued_fit_keeps_the_previous_model():
+    X, y = _data("regressor", n=100)
+    with pytest.warns(ConvergenceWarning):
+        est = _raising_mlp(warm_start=True).fit(X, y)
+    predicted, curve, n_iter = est.predict(X), list(est.loss_curve_), est.n_iter_
+    exported = onnx_predict(est.to_onnx(), X).ravel()
+    est.set_callbacks(_RaisesAt(2))
+    with pytest.raises(RuntimeError, match="the callback failed") as raised:
+        est.fit(X, y)
+    if hasattr(raised.value, "add_note"):
+        assert "keeps the model of its previous fit" in str(raised.value.__notes__)
+    np.testing.assert_array_equal(est.predict(X), predicted)  # not 2 epochs further
+    np.testing.assert_array_equal(onnx_predict(est.to_onnx(), X).ravel(), exported)
+    assert est.loss_curve_ == curve and est.n_iter_ == n_iter
+    est.set_callbacks()
+    with pytest.warns(ConvergenceWarning):
+        est.fit(X, y)  # goes on from the previous model
+    assert len(est.loss_curve_) == len(curve) + 5
+
+
+def test_a_callback_raising_in_a_new_fit_of_a_fitted_estimator_leaves_it_unfitted():
+    """A new fit (warm_start=False) replaces the model: keeping the previous one in
+    case of failure would hold a second copy of the weights during the fit."""
+    X, y = _data("regressor", n=100)
+    with pytest.warns(ConvergenceWarning):
+        est = _raising_mlp().fit(X, y)
+    est.set_callbacks(_RaisesAt(2))
+    with pytest.raises(RuntimeError, match="the callback failed"):
+        est.fit(X, y)
+    with pytest.raises(NotFittedError):
+        est.predict(X)
+    assert est.get_params()["max_iter"] == 5 and est.__dict__["_skl_callbacks"]
+
+
+def test_ctrl_c_from_a_callback_still_keeps_the_completed_epochs():
+    """Not a failure of the fit: Ctrl-C keeps the last completed batch's weights."""
+    X, y = _data("regressor", n=100)
+    est = _raising_mlp()
+
+    class Interrupts(QuietCallback):
+        def on_fit_task_end(self, estimator, context):
+            if context.task_name == "epoch" and estimator.n_iter_ == 2:
+                raise KeyboardInterrupt
+            return False
+
+    est.set_callbacks(Interrupts())
+    with pytest.raises(KeyboardInterrupt):
+        est.fit(X, y)
+    assert est.n_iter_ == 2 and len(est.loss_curve_) == 2  # fitted, two epochs
+    assert np.all(np.isfinite(est.predict(X)))
