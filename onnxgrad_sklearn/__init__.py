@@ -14,12 +14,13 @@ import logging
 from . import families, templates  # noqa: F401  (imported with the package, as before)
 from ._config import config_context, get_config, set_config
 from .classifier import OrtGradientClassifier
-from .exceptions import ConvergenceError
+from .exceptions import CheckpointError, ConvergenceError
 from .regressor import OrtGradientRegressor
 from ._trusted import SKOPS_TRUSTED_TYPES
 from ._version import __version__  # noqa: F401
 
 __all__ = [
+    "CheckpointError",
     "ConvergenceError",
     "SKOPS_TRUSTED_TYPES",
     "GraphBuilder",

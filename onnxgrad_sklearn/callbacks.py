@@ -25,10 +25,14 @@ import math
 import numbers
 import os
 import time
+import warnings
+import zipfile
 
 import numpy as np
 
 from ._callbacks import fit_state
+from ._version import __version__
+from .exceptions import CheckpointError
 
 __all__ = ["Checkpoint", "EarlyStopping", "LRScheduler"]
 
@@ -413,12 +417,24 @@ class Checkpoint:
     runs; a lock left by a process that no longer runs is taken over, with a logged
     warning. The lock is released at the end of the fit, also on an error.
 
+    A folder of ``path`` that does not exist is created (with its parents) when the fit
+    starts. A file the fit cannot read (empty, truncated, overwritten, not a
+    checkpoint, or written by a version of the package with another format) is
+    refused before training with a :class:`~onnxgrad_sklearn.CheckpointError` naming
+    the file and what is wrong with it; with ``on_unreadable="restart"`` the fit
+    starts afresh instead, with a ``UserWarning`` naming the file, which it removes
+    (and replaces with its own checkpoints). A path that is a folder, or that cannot
+    be written, is refused before training too.
+
     Parameters
     ----------
     path : str or os.PathLike
         The checkpoint file (written as given, ``.npz`` format).
     every : int, default=1
         Save at the end of every ``every``-th epoch (by ``n_iter_``).
+    on_unreadable : {"raise", "restart"}, default="raise"
+        What a fit does with a file at ``path`` that it cannot read: refuse it
+        (``CheckpointError``), or start afresh and replace it, with a warning.
 
     Attributes
     ----------
@@ -434,12 +450,15 @@ class Checkpoint:
     >>> # reg.set_callbacks(checkpoint).fit(X, y)  # killed? the same line goes on
     """
 
-    def __init__(self, path, every=1):
+    def __init__(self, path, every=1, on_unreadable="raise"):
         _require_callback_api(type(self).__name__)
         if not isinstance(every, numbers.Integral) or every < 1:
             raise ValueError(f"every must be an integer >= 1, got {every!r}.")
+        if on_unreadable not in ("raise", "restart"):
+            raise ValueError(f"on_unreadable must be 'raise' or 'restart', got {on_unreadable!r}.")
         self.path = os.fspath(path)
         self.every = every
+        self.on_unreadable = on_unreadable
         self.resumed_from_ = None
         self.saved_epochs_ = []
         self._locked = False
@@ -450,8 +469,32 @@ class Checkpoint:
         return self.path + ".lock"
 
     def setup(self, estimator, context):
-        """Called by scikit-learn at the start of a fit: take the lock of ``path``."""
+        """Called by scikit-learn at the start of a fit: check ``path`` (its folder made
+        if missing), then take its lock."""
+        self._check_path()
         self._lock()
+
+    def _check_path(self):
+        """Make the folder of ``path`` if missing; refuse a path that is a folder or
+        cannot be written, before the fit trains."""
+        if os.path.isdir(self.path):
+            raise CheckpointError(
+                f"The checkpoint path {self.path} is a folder: give the path of a file "
+                "in it, for example os.path.join(folder, 'fit.ckpt.npz')."
+            )
+        folder = os.path.dirname(os.path.abspath(self.path))
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as exc:
+            raise CheckpointError(
+                f"The folder {folder} of the checkpoint {self.path} cannot be made "
+                f"({exc.strerror or exc}): give a path in a folder this process can write."
+            ) from exc
+        if not os.access(folder, os.W_OK):
+            raise CheckpointError(
+                f"The folder {folder} of the checkpoint {self.path} cannot be written: "
+                "give a path in a folder this process can write."
+            )
 
     def _lock(self):
         for _ in range(2):  # a stale lock is removed once, then taken
@@ -504,14 +547,35 @@ class Checkpoint:
             if os.path.exists(self.path):
                 self._compatible(estimator, {"X": X, "y": y, "metadata": metadata})
 
+    def _read(self):
+        """The checkpoint's arrays and metadata; None when the file cannot be read and
+        ``on_unreadable="restart"`` (warned, the file removed); a CheckpointError
+        otherwise, naming what is wrong with the file."""
+        try:
+            return _read_checkpoint(self.path)
+        except CheckpointError as exc:
+            if self.on_unreadable != "restart":
+                raise
+            warnings.warn(
+                f"{exc} The fit starts afresh (on_unreadable='restart'): the file is removed "
+                "and replaced by this fit's checkpoints.",
+                UserWarning,
+                stacklevel=2,
+            )
+            try:
+                os.remove(self.path)
+            except FileNotFoundError:
+                pass
+            return None
+
     def _compatible(self, estimator, data):
-        """The checkpoint's arrays and metadata; a ValueError when it is of a fit with
-        other parameters or on other ``data`` (what was given to ``fit``)."""
-        with np.load(self.path, allow_pickle=False) as saved:
-            arrays = {k: saved[k] for k in saved.files}
-        meta = json.loads(str(arrays.pop("meta")))
-        if meta.get("version") != _CHECKPOINT_VERSION:
-            raise ValueError(f"{self.path} is not a checkpoint this version can read.")
+        """The checkpoint's arrays and metadata (None: an unreadable file set aside,
+        ``on_unreadable="restart"``); a ValueError when it is of a fit with other
+        parameters or on other ``data`` (what was given to ``fit``)."""
+        found = self._read()
+        if found is None:
+            return None
+        arrays, meta = found
         params = _params_digests(estimator)
         differ = sorted(
             k for k in set(params) | set(meta["params"]) if params.get(k) != meta["params"].get(k)
@@ -548,7 +612,10 @@ class Checkpoint:
         if not os.path.exists(self.path):
             return None
         state = fit_state(estimator)
-        arrays, meta = self._compatible(estimator, state.data)
+        found = self._compatible(estimator, state.data)
+        if found is None:
+            return None
+        arrays, meta = found
         if meta.get("finished"):
             logger.info(
                 "The checkpoint %s is of a finished fit (epoch %s): starting afresh, "
@@ -628,6 +695,7 @@ class Checkpoint:
 
         meta = {
             "version": _CHECKPOINT_VERSION,
+            "written_by": f"onnxgrad-sklearn {__version__}",
             "params": _params_digests(estimator),
             "data": _data_digests(state.data),
             "n_weights": len(weights),
@@ -664,9 +732,7 @@ class Checkpoint:
         """Mark the checkpoint this fit wrote or went on from as finished."""
         if (not self.saved_epochs_ and self.resumed_from_ is None) or not os.path.exists(self.path):
             return
-        with np.load(self.path, allow_pickle=False) as saved:
-            arrays = {k: saved[k] for k in saved.files}
-        meta = json.loads(str(arrays["meta"]))
+        arrays, meta = _read_checkpoint(self.path)  # this fit's own
         meta["finished"] = True
         meta["final_epoch"] = int(estimator.n_iter_)
         arrays["meta"] = np.array(json.dumps(meta))
@@ -687,6 +753,57 @@ class Checkpoint:
         """Called by scikit-learn at the end of a fit (also on an error): release the
         lock."""
         self._unlock()
+
+
+#: What every checkpoint's metadata holds.
+_META_KEYS = ("version", "params", "data", "n_weights", "n_best", "optimizer", "fit")
+
+
+def _read_checkpoint(path):
+    """``(arrays, meta)`` of the checkpoint file ``path`` (its metadata out of the
+    arrays, then ``meta["arrays"]`` restored for a rewrite); a CheckpointError naming
+    what is wrong with a file that is not a whole checkpoint this version reads."""
+
+    def refuse(what):
+        return CheckpointError(
+            f"The checkpoint {path} {what}. Remove the file to start afresh, or pass "
+            "Checkpoint(..., on_unreadable='restart'), which starts afresh and replaces it."
+        )
+
+    try:
+        with open(path, "rb") as head:
+            magic = head.read(4)
+        if not magic:
+            raise refuse("is empty")
+        if magic != b"PK\x03\x04":  # every .npz archive starts so
+            raise refuse("is not a checkpoint (not an .npz archive: overwritten, or another file)")
+        with np.load(path, allow_pickle=False) as saved:
+            arrays = {k: saved[k] for k in saved.files}
+    except CheckpointError:
+        raise
+    except (zipfile.BadZipFile, EOFError) as exc:
+        raise refuse(f"is truncated or not a checkpoint ({exc})") from None
+    except ValueError:  # numpy: an array of Python objects (pickled), another format
+        raise refuse("is not a checkpoint (it holds objects, not arrays)") from None
+    except OSError as exc:
+        raise refuse(f"cannot be read ({exc.strerror or exc})") from None
+    try:
+        meta = json.loads(str(arrays.pop("meta")))
+    except (KeyError, ValueError):
+        raise refuse("is not a checkpoint of onnxgrad_sklearn (no metadata)") from None
+    if not isinstance(meta, dict) or "version" not in meta:
+        raise refuse("is not a checkpoint of onnxgrad_sklearn (no format version)")
+    if meta["version"] != _CHECKPOINT_VERSION:
+        writer = meta.get("written_by", "another version of onnxgrad-sklearn")
+        raise refuse(
+            f"was written by {writer} with format {meta['version']}; this version "
+            f"(onnxgrad-sklearn {__version__}) reads format {_CHECKPOINT_VERSION}"
+        )
+    missing = [k for k in _META_KEYS if k not in meta]
+    if missing:
+        raise refuse(f"is not a whole checkpoint (its metadata has no {', '.join(missing)})")
+    arrays["meta"] = np.array(json.dumps(meta))
+    return arrays, meta
 
 
 def _lock_owner(path):

@@ -1,6 +1,6 @@
 """Exceptions raised by the estimators."""
 
-__all__ = ["ConvergenceError"]
+__all__ = ["CheckpointError", "ConvergenceError"]
 
 
 class ConvergenceError(ValueError):
@@ -10,4 +10,15 @@ class ConvergenceError(ValueError):
     default). The estimator keeps the last weights that gave a finite loss and
     stays usable; ``on_divergence="warn"`` gives a ``ConvergenceWarning``
     instead of the exception.
+    """
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file or folder that a fit cannot use.
+
+    Raised by a fit with :class:`~onnxgrad_sklearn.callbacks.Checkpoint` before it
+    trains: a file that is empty, truncated, not a checkpoint, or of a format this
+    version does not read (``on_unreadable="restart"`` starts afresh instead, with a
+    warning), or a path that cannot be written. The message names the file, what is
+    wrong with it and what to do.
     """
