@@ -9,7 +9,7 @@ import warnings
 
 import numpy as np
 import pytest
-from _helpers import small_mlp, smooth_regression
+from _helpers import QuietCallback, small_mlp, smooth_regression
 
 pytest.importorskip("sklearn.callback")
 
@@ -37,20 +37,11 @@ def _saved(tmp_path):
     path = tmp_path / "fit.ckpt.npz"
     X, y = _data()
 
-    class Stop:
-        def setup(self, estimator, context):
-            pass
-
-        def on_fit_task_begin(self, estimator, context):
-            pass
-
+    class Stop(QuietCallback):
         def on_fit_task_end(self, estimator, context):
             if context.task_name == "epoch" and estimator.n_iter_ == 2:
                 raise KeyboardInterrupt
             return False
-
-        def teardown(self, estimator, context):
-            pass
 
     with pytest.raises(KeyboardInterrupt), warnings.catch_warnings():
         warnings.simplefilter("ignore")
