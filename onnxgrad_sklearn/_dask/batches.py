@@ -246,8 +246,8 @@ class DaskFullBatchObjective(_FullBatchObjective):
         self.total_weight = self.rows.total_weight
 
     def _evaluate(self, weights):
-        # the client's engine follows the evaluations, as for rows in memory: a fit
-        # stopped by an error keeps the last evaluated weights
+        # the client's engine follows the evaluations, as for rows in memory (Ctrl-C
+        # keeps the last completed iteration's weights from it)
         self.engine.set_weights(weights)
         return self._combine(weights, self.rows.sums(self.stage, weights))
 
