@@ -637,7 +637,9 @@ class Checkpoint:
         if differ:
             raise ValueError(
                 f"The checkpoint {self.file} is of a fit on other data (differing: "
-                f"{', '.join(differ)}). Remove it, or fit on its data."
+                f"{', '.join(differ)}). Remove it, or fit on its data. One file holds one "
+                "fit: to checkpoint an estimator fitted several times (a search, "
+                "cross-validation), give Checkpoint a folder, which keeps a file per fit."
             )
         return arrays, meta
 

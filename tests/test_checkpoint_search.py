@@ -151,6 +151,65 @@ def test_a_search_killed_mid_fit_goes_on_where_it_stopped(tmp_path):
     _same_results(resumed, search())
 
 
+KILLED_IN_A_WORKER = SETUP + textwrap.dedent(
+    """
+    import os, signal, sys
+    from onnxgrad_sklearn.callbacks import Checkpoint
+
+    class Log:
+        # what each process trains, one line an epoch, in a file all of them append to
+        def setup(self, estimator, context):
+            pass
+
+        def on_fit_task_begin(self, estimator, context):
+            pass
+
+        def on_fit_task_end(self, estimator, context):
+            if context.task_name == "epoch":
+                with open(sys.argv[2], "a") as log:
+                    log.write(f"{os.getpid()}\\n")
+                with open(sys.argv[2]) as log:
+                    epochs = len(log.readlines())
+                # two fits or more ended (6 epochs each), this one at its second epoch
+                if sys.argv[3] == "kill" and epochs >= 14 and estimator.n_iter_ == 2:
+                    os.kill(os.getppid(), signal.SIGKILL)  # the search's process
+                    os.kill(os.getpid(), signal.SIGKILL)
+            return False
+
+        def teardown(self, estimator, context):
+            pass
+
+    found = search(Checkpoint(sys.argv[1]), Log(), n_jobs=2)
+    print(repr(list(found.cv_results_["mean_test_score"])))
+    """
+)
+
+
+def test_a_search_on_two_workers_killed_mid_fit_goes_on_where_it_stopped(tmp_path):
+    """SIGKILL of the search's process while its loky workers train: the search run
+    again (the same arguments, two workers) trains only what the first left."""
+    folder, log = tmp_path / "ckpt", tmp_path / "epochs.log"
+    folder.mkdir()
+
+    def run(mode):
+        return subprocess.run(
+            [sys.executable, "-c", KILLED_IN_A_WORKER, str(folder), str(log), mode],
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+
+    killed = run("kill")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    before = len(log.read_text().splitlines())
+    assert 0 < before < 7 * 6
+    again = run("go on")
+    assert again.returncode == 0, again.stderr[-2000:]
+    trained = len(log.read_text().splitlines()) - before
+    assert trained <= 7 * 6 - before  # nothing trained twice beyond the lost epochs
+    assert trained < 7 * 6
+    expected = list(search().cv_results_["mean_test_score"])
+    assert again.stdout.strip().splitlines()[-1] == repr(expected)
+
+
 def test_clear_removes_the_fits_files(tmp_path):
     folder = tmp_path / "ckpt"
     folder.mkdir()
