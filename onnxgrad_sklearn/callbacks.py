@@ -24,6 +24,7 @@ import logging
 import math
 import numbers
 import os
+import sys
 import time
 import warnings
 import zipfile
@@ -424,7 +425,8 @@ class Checkpoint:
     parameters and data loads it instead of training (a search run again after it was
     killed loads the fits that had finished and resumes the unfinished one); a fit
     whose file another fit is writing trains without the file, with a warning.
-    :meth:`clear` removes the files.
+    :meth:`clear` removes the files. A single file given to a fit of a search or
+    cross-validation is refused before it trains: one file holds one fit.
 
     A folder of ``path`` that does not exist is created (with its parents) when the fit
     starts. A file the fit cannot read (empty, truncated, overwritten, not a
@@ -495,6 +497,13 @@ class Checkpoint:
         own file when the fit starts, :meth:`on_fit_task_begin`)."""
         self._check_path()
         if not self.folder_mode:
+            if _in_cross_validation():
+                raise CheckpointError(
+                    f"Checkpoint({self.path!r}) keeps one file, which holds one fit, and "
+                    "this fit is one of several (a search or cross-validation of "
+                    "scikit-learn): give Checkpoint a folder, which keeps a file per fit "
+                    "(Checkpoint('folder/'))."
+                )
             self.file = self.path
             self._lock()
 
@@ -849,6 +858,19 @@ class Checkpoint:
         """Called by scikit-learn at the end of a fit (also on an error): release the
         lock."""
         self._unlock()
+
+
+def _in_cross_validation() -> bool:
+    """Whether this fit is one of scikit-learn's cross-validation (``GridSearchCV``,
+    ``cross_validate``...): their fits run in ``model_selection``'s ``_fit_and_score``,
+    in this thread's stack (also in a loky worker)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_fit_and_score" and "model_selection" in code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
 
 
 class _FinalState:

@@ -17,6 +17,7 @@ from _helpers import QuietCallback
 
 pytest.importorskip("sklearn.callback")
 
+from sklearn.model_selection import GridSearchCV  # noqa: E402
 from sklearn.neural_network import MLPRegressor  # noqa: E402
 
 from onnxgrad_sklearn import OrtGradientRegressor  # noqa: E402
@@ -289,3 +290,19 @@ def test_the_same_fit_twice_at_once_trains_the_second_without_the_file(tmp_path)
     assert not errors
     assert second.loss_curve_ == first.loss_curve_  # the same fit, both complete
     assert len(_fits(folder)) == 1  # the first fit's, finished
+
+
+@pytest.mark.parametrize("n_jobs", [1, 2])
+def test_one_file_given_to_a_search_is_refused_before_any_fit(tmp_path, n_jobs):
+    path = tmp_path / "fit.ckpt.npz"
+    counted = Epochs()
+    with pytest.raises(ValueError, match="give Checkpoint a folder"):
+        est = OrtGradientRegressor(MLPRegressor(hidden_layer_sizes=(4,)), max_iter=2)
+        est.set_callbacks(Checkpoint(path), counted)
+        GridSearchCV(est, GRID, cv=3, n_jobs=n_jobs, error_score="raise").fit(X, y)
+    assert counted.count == 0 and not path.exists()  # no fit trained, no file written
+    est = OrtGradientRegressor(MLPRegressor(hidden_layer_sizes=(4,)), max_iter=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est.set_callbacks(Checkpoint(path)).fit(X, y)  # alone, one file is fine
+    assert path.exists()
