@@ -223,6 +223,12 @@ class Fit:
         if state is not None:
             state.optimizer_state = engine.get_state
             saved = task.resume()  # a Checkpoint's file: go on from its epoch
+            if saved is not None and saved.get("finished"):  # the fit's own result
+                self._load(saved)
+                task.conceal()
+                if bar is not None:
+                    bar.close()
+                return
             if saved is not None:
                 sample_idx, best_weights = self._resume(saved, n_samples, best_weights)
         try:
@@ -269,6 +275,18 @@ class Fit:
             engine.set_weights(best_weights)
         if state is not None and state.final_weights is not None:  # a callback's choice
             engine.set_weights(state.final_weights)
+
+    def _load(self, saved):
+        """Set the fit's state to ``saved``, a fit of the same parameters and data that
+        ended (a ``Checkpoint`` folder's file): the fit trains no epoch."""
+        self.engine.set_weights(saved["weights"])
+        self.engine.set_state(saved["optimizer_state"])
+        for name in PROGRESS[:-2]:  # the counters and curves (the schedule and random state
+            # are set below)
+            setattr(self, name, saved[name])
+        self._schedule.learning_rate = saved["learning_rate"]
+        self._random_state.set_state(saved["random_state"])
+        logger.info("Loaded the fit that ended at epoch %d.", self.n_iter_)
 
     def _resume(self, saved, n_samples, best_weights):
         """Set the fit's state to ``saved`` (what ``callbacks.Checkpoint`` wrote at the

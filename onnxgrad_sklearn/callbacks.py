@@ -24,6 +24,7 @@ import logging
 import math
 import numbers
 import os
+import sys
 import time
 import warnings
 import zipfile
@@ -417,19 +418,30 @@ class Checkpoint:
     runs; a lock left by a process that no longer runs is taken over, with a logged
     warning. The lock is released at the end of the fit, also on an error.
 
+    With ``path`` a folder (it exists, or ends with a separator), the callback keeps one
+    file per fit in it, named by a digest of the estimator's parameters and of the data
+    given to ``fit``: each fold and candidate of a search has its own. In this folder
+    mode a fit also writes its final state when it ends, and a later fit of the same
+    parameters and data loads it instead of training (a search run again after it was
+    killed loads the fits that had finished and resumes the unfinished one); a fit
+    whose file another fit is writing trains without the file, with a warning.
+    :meth:`clear` removes the files. A single file given to a fit of a search or
+    cross-validation is refused before it trains: one file holds one fit.
+
     A folder of ``path`` that does not exist is created (with its parents) when the fit
     starts. A file the fit cannot read (empty, truncated, overwritten, not a
     checkpoint, or written by a version of the package with another format) is
     refused before training with a :class:`~onnxgrad_sklearn.CheckpointError` naming
     the file and what is wrong with it; with ``on_unreadable="restart"`` the fit
     starts afresh instead, with a ``UserWarning`` naming the file, which it removes
-    (and replaces with its own checkpoints). A path that is a folder, or that cannot
-    be written, is refused before training too.
+    (and replaces with its own checkpoints). A folder that cannot be made or written
+    is refused before training too.
 
     Parameters
     ----------
     path : str or os.PathLike
-        The checkpoint file (written as given, ``.npz`` format).
+        The checkpoint file (written as given, ``.npz`` format), or a folder holding
+        one file per fit.
     every : int, default=1
         Save at the end of every ``every``-th epoch (by ``n_iter_``).
     on_unreadable : {"raise", "restart"}, default="raise"
@@ -459,30 +471,49 @@ class Checkpoint:
         self.path = os.fspath(path)
         self.every = every
         self.on_unreadable = on_unreadable
+        #: The file of the fit under way: ``path``, or in folder mode its own in it.
+        self.file = self.path
+        self._off = False  # folder mode: another fit writes this fit's file
+        self._data = None  # what the fit under way was given (X, y, metadata)
+        self._loaded = False  # folder mode: the fit was loaded from its finished file
         self.resumed_from_ = None
         self.saved_epochs_ = []
         self._locked = False
 
     @property
     def lock_path(self):
-        """The lock a fit holds while it runs: ``path + ".lock"``."""
-        return self.path + ".lock"
+        """The lock a fit holds while it runs: its file's path + ``".lock"``."""
+        return self.file + ".lock"
+
+    @property
+    def folder_mode(self) -> bool:
+        """Whether ``path`` is a folder (it is one, or ends with a separator): one file
+        per fit in it."""
+        return os.path.isdir(self.path) or self.path.endswith(("/", os.sep))
 
     def setup(self, estimator, context):
         """Called by scikit-learn at the start of a fit: check ``path`` (its folder made
-        if missing), then take its lock."""
+        if missing), then take the lock of a single file (in folder mode, of the fit's
+        own file when the fit starts, :meth:`on_fit_task_begin`)."""
         self._check_path()
-        self._lock()
+        if not self.folder_mode:
+            if _in_cross_validation():
+                raise CheckpointError(
+                    f"Checkpoint({self.path!r}) keeps one file, which holds one fit, and "
+                    "this fit is one of several (a search or cross-validation of "
+                    "scikit-learn): give Checkpoint a folder, which keeps a file per fit "
+                    "(Checkpoint('folder/'))."
+                )
+            self.file = self.path
+            self._lock()
 
     def _check_path(self):
-        """Make the folder of ``path`` if missing; refuse a path that is a folder or
-        cannot be written, before the fit trains."""
-        if os.path.isdir(self.path):
-            raise CheckpointError(
-                f"The checkpoint path {self.path} is a folder: give the path of a file "
-                "in it, for example os.path.join(folder, 'fit.ckpt.npz')."
-            )
-        folder = os.path.dirname(os.path.abspath(self.path))
+        """Make the folder of ``path`` (``path`` itself in folder mode) if missing;
+        refuse one that cannot be written, before the fit trains."""
+        if self.folder_mode:
+            folder = os.path.abspath(self.path)
+        else:
+            folder = os.path.dirname(os.path.abspath(self.path))
         try:
             os.makedirs(folder, exist_ok=True)
         except OSError as exc:
@@ -507,7 +538,7 @@ class Checkpoint:
                     if pid == os.getpid():
                         who += " (this one)"
                     raise ValueError(
-                        f"The checkpoint {self.path} is being written by another fit "
+                        f"The checkpoint {self.file} is being written by another fit "
                         f"({who} holds {self.lock_path}): two fits cannot write one "
                         "checkpoint at once. Wait for it to end, or give this fit another "
                         "path (remove the lock file if no fit runs)."
@@ -544,15 +575,40 @@ class Checkpoint:
         if getattr(context, "task_name", None) == "fit":
             self.resumed_from_ = None
             self.saved_epochs_ = []
-            if os.path.exists(self.path):
-                self._compatible(estimator, {"X": X, "y": y, "metadata": metadata})
+            self._loaded = False
+            data = self._data = {"X": X, "y": y, "metadata": metadata}
+            if self.folder_mode and not self._begin_in_folder(estimator, data):
+                return
+            if os.path.exists(self.file):
+                self._compatible(estimator, data)
+
+    def _begin_in_folder(self, estimator, data) -> bool:
+        """Folder mode: the fit's own file, named by a digest of the estimator's
+        parameters and the data, and its lock; False when another fit holds that lock
+        (the same fit twice at once): this fit trains without the file, warned."""
+        digests = {"params": _params_digests(estimator), "data": _data_digests(data)}
+        name = hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest()
+        self.file = os.path.join(self.path, f"fit-{name[:24]}.npz")
+        self._off = False
+        try:
+            self._lock()
+        except ValueError:
+            self._off = True
+            warnings.warn(
+                f"Another fit of the same parameters and data is writing {self.file}: this "
+                "fit trains without the checkpoint.",
+                UserWarning,
+                stacklevel=2,
+            )
+            return False
+        return True
 
     def _read(self):
         """The checkpoint's arrays and metadata; None when the file cannot be read and
         ``on_unreadable="restart"`` (warned, the file removed); a CheckpointError
         otherwise, naming what is wrong with the file."""
         try:
-            return _read_checkpoint(self.path)
+            return _read_checkpoint(self.file)
         except CheckpointError as exc:
             if self.on_unreadable != "restart":
                 raise
@@ -563,7 +619,7 @@ class Checkpoint:
                 stacklevel=2,
             )
             try:
-                os.remove(self.path)
+                os.remove(self.file)
             except FileNotFoundError:
                 pass
             return None
@@ -582,15 +638,17 @@ class Checkpoint:
         )
         if differ:
             raise ValueError(
-                f"The checkpoint {self.path} is of a fit with other parameters (differing: "
+                f"The checkpoint {self.file} is of a fit with other parameters (differing: "
                 f"{', '.join(differ)}). Remove it, or fit with its parameters."
             )
         data = _data_digests(data)
         differ = [k for k in data if data[k] != meta["data"][k]]
         if differ:
             raise ValueError(
-                f"The checkpoint {self.path} is of a fit on other data (differing: "
-                f"{', '.join(differ)}). Remove it, or fit on its data."
+                f"The checkpoint {self.file} is of a fit on other data (differing: "
+                f"{', '.join(differ)}). Remove it, or fit on its data. One file holds one "
+                "fit: to checkpoint an estimator fitted several times (a search, "
+                "cross-validation), give Checkpoint a folder, which keeps a file per fit."
             )
         return arrays, meta
 
@@ -609,24 +667,27 @@ class Checkpoint:
         -------
         dict or None
         """
-        if not os.path.exists(self.path):
+        if self._off or not os.path.exists(self.file):
             return None
         state = fit_state(estimator)
         found = self._compatible(estimator, state.data)
         if found is None:
             return None
         arrays, meta = found
-        if meta.get("finished"):
+        if meta.get("finished") and self.folder_mode:  # the fit's result: loaded
+            logger.info("The fit is loaded from %s, which it finished.", self.file)
+            self._loaded = True
+        elif meta.get("finished"):
             logger.info(
                 "The checkpoint %s is of a finished fit (epoch %s): starting afresh, "
                 "it will be overwritten.",
-                self.path,
+                self.file,
                 meta.get("final_epoch"),
             )
             return None
         if state.held_out and not isinstance(estimator.random_state, numbers.Integral):
             raise ValueError(
-                f"The checkpoint {self.path} cannot be gone on from: the fit holds out "
+                f"The checkpoint {self.file} cannot be gone on from: the fit holds out "
                 "validation rows at random, and random_state is not an integer, so the "
                 "rows held out again would differ. Set random_state to an integer."
             )
@@ -643,6 +704,7 @@ class Checkpoint:
         self.resumed_from_ = meta["fit"]["n_iter_"]
         return {
             **meta["fit"],
+            "finished": bool(meta.get("finished")),
             "weights": weights,
             "optimizer_state": optimizer,
             "best_weights": best,
@@ -660,9 +722,12 @@ class Checkpoint:
         """Save the fit's state at the end of every ``every``-th epoch; mark the
         checkpoint finished at the end of the fit (its root task)."""
         if getattr(context, "task_name", None) == "fit":
-            self._finish(estimator)
+            if self.folder_mode:
+                self._write_final(estimator)
+            else:
+                self._finish(estimator)
             return False
-        if not _is_epoch(context) or estimator.n_iter_ % self.every:
+        if self._off or not _is_epoch(context) or estimator.n_iter_ % self.every:
             return False
         state = fit_state(estimator)
         if state is None or state.optimizer_state is None:
@@ -671,7 +736,9 @@ class Checkpoint:
         self.saved_epochs_.append(estimator.n_iter_)
         return False
 
-    def _write(self, estimator, state):
+    def _write(self, estimator, state, finished=False):
+        """Write the fit's state (``state``: its weights, optimizer state, best weights,
+        order of the rows and data), with the estimator's counters, to the fit's file."""
         arrays = {}
         weights = state.weights()
         for i, w in enumerate(weights):
@@ -712,7 +779,8 @@ class Checkpoint:
                 "has_gauss": int(has_gauss),
                 "cached_gaussian": float(cached),
             },
-            "finished": False,
+            "finished": finished,
+            **({"final_epoch": int(estimator.n_iter_)} if finished else {}),
             "fit": {
                 "n_iter_": int(estimator.n_iter_),
                 "t_": int(estimator.t_),
@@ -728,11 +796,48 @@ class Checkpoint:
         arrays["meta"] = np.array(json.dumps(meta))
         self._save(arrays)
 
+    def _write_final(self, estimator):
+        """Folder mode: write the fit's final state, finished, for a later fit of the same
+        parameters and data to load (a fit loaded from it, or one without the file, or
+        one whose weights are not in an engine, writes nothing)."""
+        engine = estimator.__dict__.get("_engine")
+        if self._off or self._loaded or engine is None or self._data is None:
+            return
+        self._write(estimator, _FinalState(engine, self._data), finished=True)
+
+    def clear(self):
+        """Remove the checkpoint files: ``path``, or in folder mode every fit's file in it
+        (not a file of a fit under way, whose lock is held).
+
+        Returns
+        -------
+        list of str
+            The files removed.
+        """
+        if self.folder_mode:
+            folder = self.path
+            names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+            files = [
+                os.path.join(folder, f)
+                for f in names
+                if f.startswith("fit-") and f.endswith(".npz")
+            ]
+        else:
+            files = [self.path] if os.path.exists(self.path) else []
+        removed = []
+        for path in files:
+            owner = _lock_owner(path + ".lock")
+            if owner is not None and _pid_alive(owner):
+                continue
+            os.remove(path)
+            removed.append(path)
+        return removed
+
     def _finish(self, estimator):
         """Mark the checkpoint this fit wrote or went on from as finished."""
-        if (not self.saved_epochs_ and self.resumed_from_ is None) or not os.path.exists(self.path):
+        if (not self.saved_epochs_ and self.resumed_from_ is None) or not os.path.exists(self.file):
             return
-        arrays, meta = _read_checkpoint(self.path)  # this fit's own
+        arrays, meta = _read_checkpoint(self.file)  # this fit's own
         meta["finished"] = True
         meta["final_epoch"] = int(estimator.n_iter_)
         arrays["meta"] = np.array(json.dumps(meta))
@@ -741,18 +846,43 @@ class Checkpoint:
     def _save(self, arrays):
         buffer = io.BytesIO()
         np.savez(buffer, **arrays)
-        folder = os.path.dirname(os.path.abspath(self.path))
-        temporary = os.path.join(folder, f".{os.path.basename(self.path)}.{os.getpid()}.tmp")
+        folder = os.path.dirname(os.path.abspath(self.file))
+        temporary = os.path.join(folder, f".{os.path.basename(self.file)}.{os.getpid()}.tmp")
         with open(temporary, "wb") as out:
             out.write(buffer.getbuffer())
             out.flush()
             os.fsync(out.fileno())
-        os.replace(temporary, self.path)
+        os.replace(temporary, self.file)
 
     def teardown(self, estimator, context):
         """Called by scikit-learn at the end of a fit (also on an error): release the
         lock."""
         self._unlock()
+
+
+def _in_cross_validation() -> bool:
+    """Whether this fit is one of scikit-learn's cross-validation (``GridSearchCV``,
+    ``cross_validate``...): their fits run in ``model_selection``'s ``_fit_and_score``,
+    in this thread's stack (also in a loky worker)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_fit_and_score" and "model_selection" in code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+class _FinalState:
+    """What :meth:`Checkpoint._write` reads of a fit, at its end (folder mode): the
+    engine's weights and optimizer state, no best weights (the final weights are the
+    kept ones) and no order of the rows (a finished fit does not go on)."""
+
+    best_weights = None
+    order = np.zeros(0, dtype=np.intp)
+
+    def __init__(self, engine, data):
+        self.weights, self.optimizer_state, self.data = engine.get_weights, engine.get_state, data
 
 
 #: What every checkpoint's metadata holds.

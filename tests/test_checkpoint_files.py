@@ -125,13 +125,6 @@ def test_a_missing_folder_is_made(tmp_path):
     assert path.is_file()
 
 
-def test_a_path_that_is_a_folder_is_refused_before_training(tmp_path):
-    est = _mlp()
-    with pytest.raises(CheckpointError, match="is a folder: give the path of a file"):
-        est.set_callbacks(Checkpoint(tmp_path)).fit(*_data())
-    assert not hasattr(est, "n_iter_")
-
-
 def test_a_folder_that_cannot_be_written_is_refused_before_training(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "access", lambda path, mode: False)  # root writes anywhere
     est = _mlp()
