@@ -143,29 +143,28 @@ class Rounds:
         again; or an error names the partitions lost (:meth:`lost_error`).
         """
         client = self.client
-        for attempt in itertools.count():
-            futures = {}
-            try:
-                made = self._made(tasks)
-                # the last round's futures are released here, just before the submits:
-                # the client sends its messages to the scheduler at most once every
-                # 10 ms, so a release sent alone at the end of a round would hold the
-                # next round's submits back until then
-                self._last_round = None
-                for address, task in sorted(made.items()):
-                    futures[address] = client.submit(
-                        *task, workers=[address], allow_other_workers=False, pure=False
-                    )
-                results = self._gather(futures)
-                self._last_round = (made, futures)
-            except _WorkersLost as lost:
-                client.cancel(list(futures.values()))
-                self._recover_or_raise(lost.addresses, attempt)
-                continue
-            except BaseException:  # an error on a worker, Ctrl-C: no task left behind
-                client.cancel(list(futures.values()))
-                raise
+        futures = {}
+
+        def attempt():
+            futures.clear()
+            made = self._made(tasks)
+            # the last round's futures are released here, just before the submits: the
+            # client sends its messages to the scheduler at most once every 10 ms, so a
+            # release sent alone at the end of a round would hold the next round's
+            # submits back until then
+            self._last_round = None
+            for address, task in sorted(made.items()):
+                futures[address] = client.submit(
+                    *task, workers=[address], allow_other_workers=False, pure=False
+                )
+            results = self._gather(futures)
+            self._last_round = (made, futures)
             return dict(zip(futures, results))
+
+        def release():  # no task left behind: a lost worker, an error, Ctrl-C
+            client.cancel(list(futures.values()))
+
+        return self._retried(attempt, on_lost=release, on_error=release)
 
     def _made(self, tasks):
         """``tasks()``; a worker of the placement that leaves as they are made (what is
@@ -215,24 +214,38 @@ class Rounds:
         that leaves: as :meth:`run`, the partitions computed again and the round run
         again on servers made for the new placement.
         """
-        for attempt in itertools.count():
+
+        def attempt():
             made = {}
-            try:
-                servers = self._servers_for(stage, dropped)
-                self._last_round = None
-                for address, arguments in sorted(calls().items()):
-                    try:
-                        call = getattr(servers[address][1], method)
-                    except RuntimeError:  # "Worker holding Actor was lost"
-                        self._lost_or_raise(address)
-                    made[address] = call(*arguments)
-                results = [self._call_result(address, c) for address, c in made.items()]
-            except _WorkersLost as lost:
-                self.drop_servers()
-                self._recover_or_raise(lost.addresses, attempt)
-                continue
+            servers = self._servers_for(stage, dropped)
+            self._last_round = None
+            for address, arguments in sorted(calls().items()):
+                try:
+                    call = getattr(servers[address][1], method)
+                except RuntimeError:  # "Worker holding Actor was lost"
+                    self._lost_or_raise(address)
+                made[address] = call(*arguments)
+            results = [self._call_result(address, c) for address, c in made.items()]
             self.calls.update(made.keys())
             return results
+
+        return self._retried(attempt, on_lost=self.drop_servers)
+
+    def _retried(self, attempt, on_lost, on_error=None):
+        """``attempt()``, made again after workers were lost (:class:`_WorkersLost`):
+        ``on_lost()`` releases what the attempt made, the partitions are computed again
+        (:meth:`recover`) or an error names those lost. ``on_error()``: what another
+        exception releases before it goes on."""
+        for tries in itertools.count():
+            try:
+                return attempt()
+            except _WorkersLost as lost:
+                on_lost()
+                self._recover_or_raise(lost.addresses, tries)
+            except BaseException:
+                if on_error is not None:
+                    on_error()
+                raise
 
     def _servers_for(self, stage, dropped):
         """``{worker: (future, actor)}``: a :class:`_Server` on each worker of the
