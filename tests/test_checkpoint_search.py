@@ -19,6 +19,7 @@ pytest.importorskip("sklearn.callback")
 
 from sklearn.model_selection import GridSearchCV  # noqa: E402
 from sklearn.neural_network import MLPRegressor  # noqa: E402
+from sklearn.preprocessing import StandardScaler  # noqa: E402
 
 from onnxgrad_sklearn import OrtGradientRegressor  # noqa: E402
 from onnxgrad_sklearn.callbacks import Checkpoint  # noqa: E402
@@ -306,3 +307,54 @@ def test_one_file_given_to_a_search_is_refused_before_any_fit(tmp_path, n_jobs):
         warnings.simplefilter("ignore")
         est.set_callbacks(Checkpoint(path)).fit(X, y)  # alone, one file is fine
     assert path.exists()
+
+
+def test_cross_validate_a_randomized_and_a_halving_search_of_a_pipeline_each_fit_its_file(
+    tmp_path,
+):
+    """The estimator inside a Pipeline; each kind of cross-validation: a file per fit,
+    all loaded when run again, the same scores."""
+    from sklearn.experimental import enable_halving_search_cv  # noqa: F401
+    from sklearn.model_selection import (
+        HalvingGridSearchCV,
+        RandomizedSearchCV,
+        cross_validate,
+    )
+    from sklearn.pipeline import make_pipeline
+
+    def pipeline(folder, *callbacks):
+        est = OrtGradientRegressor(
+            MLPRegressor(hidden_layer_sizes=(4,)), max_iter=3, random_state=0,
+            backend="standard",
+        )  # fmt: skip
+        if folder is not None:
+            est.set_callbacks(Checkpoint(folder), *callbacks)
+        return make_pipeline(StandardScaler(), est)
+
+    grid = {"ortgradientregressor__alpha": [1e-4, 1e-2]}
+    runs = {
+        "cross_validate": lambda m: cross_validate(m, X, y, cv=3)["test_score"],
+        "randomized": lambda m: (
+            RandomizedSearchCV(m, grid, n_iter=2, cv=3, random_state=0)
+            .fit(X, y)
+            .cv_results_["mean_test_score"]
+        ),
+        "halving": lambda m: (
+            HalvingGridSearchCV(m, grid, cv=3, factor=2, random_state=0)
+            .fit(X, y)
+            .cv_results_["mean_test_score"]
+        ),
+    }
+    for name, run in runs.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            reference = run(pipeline(None))
+            first = run(pipeline(folder))
+            counted = Epochs()
+            again = run(pipeline(folder, counted))
+        assert len(_fits(folder)) >= 3, name
+        assert counted.count == 0, name  # every fit loaded
+        np.testing.assert_array_equal(first, reference)
+        np.testing.assert_array_equal(again, reference)
