@@ -32,6 +32,7 @@ import zipfile
 import numpy as np
 
 from ._callbacks import fit_state
+from ._hashing import fingerprint
 from ._version import __version__
 from .exceptions import CheckpointError
 
@@ -419,9 +420,11 @@ class Checkpoint:
     warning. The lock is released at the end of the fit, also on an error.
 
     With ``path`` a folder (it exists, or ends with a separator), the callback keeps one
-    file per fit in it, named by a digest of the estimator's parameters and of the data
-    given to ``fit``: each fold and candidate of a search has its own. In this folder
-    mode a fit also writes its final state when it ends, and a later fit of the same
+    file per fit in it, named by a digest of the estimator's parameters, of the data
+    given to ``fit`` and of where the fit starts (the weights of a fitted model a
+    ``warm_start`` fit goes on from): each fold and candidate of a search has its own.
+    In this folder mode a fit also writes its final state when it ends, and a later fit
+    of the same
     parameters and data loads it instead of training (a search run again after it was
     killed loads the fits that had finished and resumes the unfinished one); a fit
     whose file another fit is writing trains without the file, with a warning.
@@ -475,6 +478,7 @@ class Checkpoint:
         self.file = self.path
         self._off = False  # folder mode: another fit writes this fit's file
         self._data = None  # what the fit under way was given (X, y, metadata)
+        self._epochs = 0
         self._loaded = False  # folder mode: the fit was loaded from its finished file
         self.resumed_from_ = None
         self.saved_epochs_ = []
@@ -576,6 +580,7 @@ class Checkpoint:
             self.resumed_from_ = None
             self.saved_epochs_ = []
             self._loaded = False
+            self._epochs = 0  # those this fit trained (none for partial_fit or L-BFGS)
             data = self._data = {"X": X, "y": y, "metadata": metadata}
             if self.folder_mode and not self._begin_in_folder(estimator, data):
                 return
@@ -584,9 +589,17 @@ class Checkpoint:
 
     def _begin_in_folder(self, estimator, data) -> bool:
         """Folder mode: the fit's own file, named by a digest of the estimator's
-        parameters and the data, and its lock; False when another fit holds that lock
-        (the same fit twice at once): this fit trains without the file, warned."""
-        digests = {"params": _params_digests(estimator), "data": _data_digests(data)}
+        parameters, the data and where the fit starts (a fit continuing a fitted model,
+        ``warm_start``: that model's weights), and its lock; False when another fit holds
+        that lock (the same fit twice at once): this fit trains without the file, warned."""
+        start = None
+        if getattr(estimator, "warm_start", False) and "_converted" in estimator.__dict__:
+            start = fingerprint(list(estimator._converted.values))
+        digests = {
+            "params": _params_digests(estimator),
+            "data": _data_digests(data),
+            "start": start,
+        }
         name = hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest()
         self.file = os.path.join(self.path, f"fit-{name[:24]}.npz")
         self._off = False
@@ -727,6 +740,8 @@ class Checkpoint:
             else:
                 self._finish(estimator)
             return False
+        if _is_epoch(context):
+            self._epochs += 1
         if self._off or not _is_epoch(context) or estimator.n_iter_ % self.every:
             return False
         state = fit_state(estimator)
@@ -798,10 +813,11 @@ class Checkpoint:
 
     def _write_final(self, estimator):
         """Folder mode: write the fit's final state, finished, for a later fit of the same
-        parameters and data to load (a fit loaded from it, or one without the file, or
-        one whose weights are not in an engine, writes nothing)."""
+        parameters and data to load. A fit loaded from it, one without the file, and one
+        that trained no epoch (``partial_fit``, whose calls a later ``fit`` must not
+        take for a whole fit; L-BFGS) write nothing."""
         engine = estimator.__dict__.get("_engine")
-        if self._off or self._loaded or engine is None or self._data is None:
+        if self._off or self._loaded or not self._epochs or engine is None:
             return
         self._write(estimator, _FinalState(engine, self._data), finished=True)
 

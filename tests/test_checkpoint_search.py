@@ -358,3 +358,48 @@ def test_cross_validate_a_randomized_and_a_halving_search_of_a_pipeline_each_fit
         assert counted.count == 0, name  # every fit loaded
         np.testing.assert_array_equal(first, reference)
         np.testing.assert_array_equal(again, reference)
+
+
+def test_partial_fit_with_a_folder_writes_no_final_state_a_fit_would_load(tmp_path):
+    """A partial_fit call is one epoch: a later fit of the same parameters and data
+    trains (it does not load the call's state as a whole fit)."""
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    est = OrtGradientRegressor(MLPRegressor(hidden_layer_sizes=(4,)), max_iter=3, random_state=0)
+    est.set_callbacks(Checkpoint(folder))
+    est.partial_fit(X, y)
+    est.partial_fit(X, y)  # trains again: no state loaded
+    assert est.n_iter_ == 1 and len(est.loss_curve_) == 2
+    counted = Epochs()
+    fresh = OrtGradientRegressor(MLPRegressor(hidden_layer_sizes=(4,)), max_iter=3, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fresh.set_callbacks(Checkpoint(folder), counted).fit(X, y)
+    assert counted.count == 3  # trained, not loaded
+
+
+def test_a_warm_start_fit_continues_and_has_a_file_of_its_own(tmp_path):
+    """Fits that go on from a fitted model are told apart by where they start: the
+    second warm-start fit trains; the same two fits run again load both."""
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+
+    def two_fits(counted):
+        est = OrtGradientRegressor(
+            MLPRegressor(hidden_layer_sizes=(4,)), max_iter=3, random_state=0, warm_start=True
+        )
+        est.set_callbacks(Checkpoint(folder), counted)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            est.fit(X, y)
+            est.fit(X, y)
+        return est
+
+    counted = Epochs()
+    first = two_fits(counted)
+    assert counted.count == 6 and len(first.loss_curve_) == 6 and len(_fits(folder)) == 2
+    again = Epochs()
+    second = two_fits(again)
+    assert again.count == 0  # both loaded
+    assert second.loss_curve_ == first.loss_curve_
+    np.testing.assert_array_equal(second.predict(X), first.predict(X))
