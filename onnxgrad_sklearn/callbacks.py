@@ -424,10 +424,10 @@ class Checkpoint:
     given to ``fit`` and of where the fit starts (the weights of a fitted model a
     ``warm_start`` fit goes on from): each fold and candidate of a search has its own.
     In this folder mode a fit also writes its final state when it ends, and a later fit
-    of the same
-    parameters and data loads it instead of training (a search run again after it was
-    killed loads the fits that had finished and resumes the unfinished one); a fit
-    whose file another fit is writing trains without the file, with a warning.
+    of the same parameters and data loads it instead of training (a search run again
+    after it was killed loads the fits that had finished and resumes the unfinished
+    one); a fit whose file another fit is writing trains without the file, with a
+    warning.
     :meth:`clear` removes the files. A single file given to a fit of a search or
     cross-validation is refused before it trains: one file holds one fit.
 
