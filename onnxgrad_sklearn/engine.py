@@ -511,12 +511,6 @@ class TrainingEngine:
         """The training graph with the weights as inputs (parsed from the plan)."""
         return self.plan.model("training.onnx")
 
-    def __getattr__(self, name):
-        # What a backend has of its own (forward_backward, weights, step, _flat...).
-        if name == "_backend":
-            raise AttributeError(name)
-        return getattr(self._backend, name)
-
     @property
     def step(self) -> int:
         """Number of updates since the optimizer state was created."""

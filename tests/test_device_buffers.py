@@ -273,7 +273,7 @@ def test_every_backend_method_agrees_with_the_cpu_path(monkeypatch, optimizer):
     dev.reset_optimizer()
     assert dev.step == 0 and not any(s.any() for st in dev.get_state()["state"] for s in st)
     # OrtValue views of the weights (copies on the device path)
-    for x, z in zip(cpu.weights, dev.weights):
+    for x, z in zip(cpu._backend.weights, dev._backend.weights):
         np.testing.assert_array_equal(x.numpy(), z.numpy())
 
 

@@ -52,7 +52,7 @@ def _fit(optimizer, X, y, **kw):
 def test_flat_and_per_tensor_updates_give_the_same_training(data, flat, per_tensor):
     X, y = data
     a, b = _fit(flat, X, y), _fit(per_tensor, X, y)
-    assert a._engine._flat is not None and b._engine._flat is None
+    assert a._engine._backend._flat is not None and b._engine._backend._flat is None
     np.testing.assert_allclose(a.loss_curve_, b.loss_curve_, rtol=1e-6)
     for wa, wb in zip(a._engine.get_weights(), b._engine.get_weights()):
         np.testing.assert_allclose(wa, wb, rtol=1e-5, atol=1e-7)
@@ -180,7 +180,7 @@ class HalfWeightMomentum(Nesterov):
 def test_reset_optimizer_gives_init_state_of_each_weight(data, optimizer):
     X, y = data
     engine = _fit(optimizer, X, y)._engine
-    assert engine._flat is not None
+    assert engine._backend._flat is not None
     weights = engine.get_weights()
     engine.reset_optimizer()
     assert engine.step == 0

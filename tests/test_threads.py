@@ -161,4 +161,4 @@ def test_changing_n_jobs_rebuilds_the_engine_with_the_new_threads():
         reg.set_params(n_jobs=2).fit(X, y)
     assert reg._engine is not first
     assert reg._intra_op_threads == 2
-    assert reg._engine.options.intra_op_num_threads == 2
+    assert reg._engine._backend.options.intra_op_num_threads == 2

@@ -57,11 +57,11 @@ def _targets(est, y):
 
 
 def _nodes(est):
-    return list(est._engine.forward_backward.gradient_model.graph.node)
+    return list(est._engine._backend.forward_backward.gradient_model.graph.node)
 
 
 def _graph(est):
-    model = est._engine.forward_backward.gradient_model
+    model = est._engine._backend.forward_backward.gradient_model
     y_true = next(i for i in model.graph.input if i.name == Y_TRUE)
     dims = [d.dim_value or d.dim_param for d in y_true.type.tensor_type.shape.dim]
     return Counter(n.op_type for n in model.graph.node), dims
