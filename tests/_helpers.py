@@ -1,5 +1,11 @@
 """Helpers shared by the tests (fixtures stay in conftest.py)."""
 
+import contextlib
+import threading
+import time
+import warnings
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -80,3 +86,45 @@ class QuietCallback:
 
     def teardown(self, estimator, context):
         pass
+
+
+class PausedFit(QuietCallback):
+    """Pauses a fit at the end of its first epoch until released: set it on an estimator,
+    then ``with callback.fitting(est.fit, X, y) as errors:`` runs the fit in a thread,
+    enters once the fit is paused (its lock, its first checkpoint there) and releases it
+    when the block ends; ``errors`` gets what the fit raised."""
+
+    def __init__(self, folder):
+        self.flag, self.go = Path(folder) / "paused", Path(folder) / "go"
+
+    def on_fit_task_end(self, estimator, context):
+        if context.task_name == "epoch" and estimator.n_iter_ == 1:
+            self.flag.touch()
+            deadline = time.monotonic() + 120
+            while not self.go.exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+        return False
+
+    @contextlib.contextmanager
+    def fitting(self, fit, *args):
+        errors = []
+
+        def run():
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    fit(*args)
+            except BaseException as exc:  # pragma: no cover - shown by the caller's assert
+                errors.append(exc)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 120
+            while not self.flag.exists() and thread.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert self.flag.exists(), errors
+            yield errors
+        finally:
+            self.go.touch()
+            thread.join()

@@ -7,13 +7,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
-import time
 import warnings
 
 import numpy as np
 import pytest
-from _helpers import QuietCallback
+from _helpers import PausedFit, QuietCallback
 
 pytest.importorskip("sklearn.callback")
 
@@ -238,25 +236,10 @@ def test_a_folder_path_ending_with_a_separator_is_made(tmp_path):
     assert len(_fits(folder)) == 1
 
 
-class _Pause(QuietCallback):
-    """Creates ``flag`` at the end of epoch 1, then waits until ``go`` exists."""
-
-    def __init__(self, flag, go):
-        self.flag, self.go = flag, go
-
-    def on_fit_task_end(self, estimator, context):
-        if context.task_name == "epoch" and estimator.n_iter_ == 1:
-            self.flag.touch()
-            deadline = time.monotonic() + 120
-            while not self.go.exists() and time.monotonic() < deadline:
-                time.sleep(0.02)
-        return False
-
-
 def test_the_same_fit_twice_at_once_trains_the_second_without_the_file(tmp_path):
     """A candidate listed twice: the second fit finds its file's lock held and trains
     without the file, with a warning; neither fails."""
-    folder, flag, go = tmp_path / "ckpt", tmp_path / "paused", tmp_path / "go"
+    folder = tmp_path / "ckpt"
     folder.mkdir()
 
     def make(*callbacks):
@@ -266,28 +249,11 @@ def test_the_same_fit_twice_at_once_trains_the_second_without_the_file(tmp_path)
         )  # fmt: skip
         return est.set_callbacks(Checkpoint(folder), *callbacks)
 
-    first, errors = make(_Pause(flag, go)), []
-
-    def run():
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                first.fit(X, y)
-        except BaseException as exc:  # pragma: no cover - shown by the assertion below
-            errors.append(exc)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 120
-        while not flag.exists() and thread.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert flag.exists(), errors
+    pause = PausedFit(tmp_path)
+    first = make(pause)
+    with pause.fitting(first.fit, X, y) as errors:
         with pytest.warns(UserWarning, match="trains without the checkpoint"):
             second = make().fit(X, y)
-    finally:
-        go.touch()
-        thread.join()
     assert not errors
     assert second.loss_curve_ == first.loss_curve_  # the same fit, both complete
     assert len(_fits(folder)) == 1  # the first fit's, finished

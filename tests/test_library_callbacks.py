@@ -6,12 +6,10 @@ import math
 import os
 import subprocess
 import sys
-import threading
-import time
 
 import numpy as np
 import pytest
-from _helpers import BACKENDS, QuietCallback, small_mlp, smooth_regression
+from _helpers import BACKENDS, PausedFit, QuietCallback, small_mlp, smooth_regression
 from sklearn.metrics import accuracy_score, mean_squared_error
 from sklearn.neural_network import MLPClassifier
 
@@ -480,48 +478,18 @@ class _StopAt(QuietCallback):
         return context.task_name == "epoch" and estimator.n_iter_ == self.at
 
 
-class _Pause(QuietCallback):
-    """Writes ``flag`` at the end of epoch 1, then waits until ``go`` exists."""
-
-    def __init__(self, flag, go):
-        self.flag, self.go = flag, go
-
-    def on_fit_task_end(self, estimator, context):
-        if context.task_name == "epoch" and estimator.n_iter_ == 1:
-            open(self.flag, "w").close()
-            while not os.path.exists(self.go):
-                time.sleep(0.02)
-
-
 def test_two_fits_writing_one_checkpoint_at_once_are_refused(tmp_path):
     X, y = _regression(128)
     path = tmp_path / "fit.ckpt.npz"
     lock = tmp_path / "fit.ckpt.npz.lock"
-    flag, go = tmp_path / "paused", tmp_path / "go"
-    first = _mlp("standard", max_iter=3).set_callbacks(Checkpoint(path), _Pause(flag, go))
-    errors = []
-
-    def run():
-        try:
-            first.fit(X, y)
-        except BaseException as exc:  # pragma: no cover - shown by the assertion below
-            errors.append(exc)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 120
-        while not flag.exists() and thread.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert flag.exists(), errors
+    pause = PausedFit(tmp_path)
+    first = _mlp("standard", max_iter=3).set_callbacks(Checkpoint(path), pause)
+    with pause.fitting(first.fit, X, y) as errors:
         assert lock.read_text() == str(os.getpid())
         second = _mlp("standard", max_iter=3).set_callbacks(Checkpoint(path))
         with pytest.raises(ValueError, match=f"{path}.*process {os.getpid()}"):
             second.fit(X, y)
         assert lock.exists()  # the refused fit leaves the other one's lock
-    finally:
-        go.touch()
-        thread.join()
     assert not errors and first.n_iter_ == 3
     assert not lock.exists()  # released at the end of the fit
 
