@@ -15,6 +15,7 @@ from . import families, templates  # noqa: F401  (imported with the package, as 
 from ._config import config_context, get_config, set_config
 from .classifier import OrtGradientClassifier
 from .exceptions import CheckpointError, ConvergenceError
+from .onnx_template import OnnxTemplate
 from .regressor import OrtGradientRegressor
 from ._trusted import SKOPS_TRUSTED_TYPES
 from ._version import __version__  # noqa: F401
@@ -24,6 +25,7 @@ __all__ = [
     "ConvergenceError",
     "SKOPS_TRUSTED_TYPES",
     "GraphBuilder",
+    "OnnxTemplate",
     "OrtGradientClassifier",
     "OrtGradientRegressor",
     "config_context",

@@ -36,6 +36,7 @@ from ._lazy import lazy
 from .exceptions import ConvergenceError
 from .families import family_of
 from .losses import BaseLoss, get_loss
+from .onnx_template import OnnxModelConstraint, OnnxTemplate, is_onnx_model
 from .optim import OPTIMIZER_NAMES, SGD, BaseOptimizer, LearningRateSchedule, get_optimizer
 from .runtime import (
     intra_op_threads,
@@ -66,7 +67,7 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
     """
 
     _parameter_constraints: dict = {
-        "estimator": [HasMethods(["fit", "predict"]), None],
+        "estimator": [HasMethods(["fit", "predict"]), OnnxTemplate, OnnxModelConstraint(), None],
         "loss": [StrOptions(set()), BaseLoss],
         "optimizer": [StrOptions({"auto", *OPTIMIZER_NAMES}), BaseOptimizer],
         "learning_rate": [StrOptions({"constant", "invscaling", "adaptive"})],
@@ -268,7 +269,15 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
 
     # fit ------------------------------------------------------------------
     def _template(self):
-        return self._default_estimator() if self.estimator is None else self.estimator
+        given = self.estimator
+        if given is None:
+            return self._default_estimator()
+        if is_onnx_model(given):  # an ONNX model itself: OnnxTemplate(model), made once
+            found = self.__dict__.get("_given_onnx")
+            if found is None or found[0] is not given:
+                found = self.__dict__["_given_onnx"] = (given, OnnxTemplate(given))
+            return found[1]
+        return given
 
     def _fit(self, X, y, sample_weight=None, incremental=False, classes=None, validation=None):
         """Validate, initialise, train. ``validation``: ``(X_val, y_val,
@@ -416,10 +425,10 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
     def _objective(self, final):
         """The loss: the estimator's ``loss``, or with ``"auto"`` the template's own."""
         family = family_of(final)
-        loss = get_loss(family.loss(final) if self.loss == "auto" else self.loss)
+        loss = get_loss(family.loss_for(final, self._task) if self.loss == "auto" else self.loss)
         # None: a custom loss, for any task; the template's own loss fits it by definition
         task = getattr(loss, "task", None)
-        if self.loss != "auto" and task is not None and task != family.task:
+        if self.loss != "auto" and task is not None and not family.serves(task):
             raise ValueError(
                 f"loss={self.loss!r} is a {task} loss and {type(final).__name__} a "
                 f"{family.task} model: use loss='auto' (the template's own loss) or a "

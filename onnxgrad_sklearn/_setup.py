@@ -223,6 +223,7 @@ def initialize(est, X, y2d, fitted, loss):
     model, fine_tuned = prepare_template(
         template if head is None else final_estimator(template), X, n_outputs, random_state
     )
+    family_of(final_estimator(model)).prepare(final_estimator(model), est._task)
     est._setup_template(model, fine_tuned, fitted, loss)
     converted = convert_template(est._trained_view(model), X.shape[1], X.dtype)
     # Every step that can fail is done: the fitted state is replaced at once.

@@ -338,7 +338,9 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
             return False
         if type(final).__name__ == "SGDClassifier":
             return True
-        return getattr(final, "multi_class", None) == "ovr" or final.solver == "liblinear"
+        return getattr(final, "multi_class", None) == "ovr" or (
+            getattr(final, "solver", None) == "liblinear"
+        )
 
     def _resolve_loss(self, loss):
         if isinstance(loss, LogLoss) and hasattr(self, "estimator_") and self._one_vs_rest():

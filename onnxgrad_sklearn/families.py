@@ -133,6 +133,10 @@ class Family:
         """Return the loss (name or object) that is the template's own objective."""
         return "squared_error"
 
+    def loss_for(self, est, task: str):
+        """The template's own loss for ``task`` (a family of ``task="any"`` depends on it)."""
+        return self.loss(est)
+
     def class_weight(self, est):
         """Return the template's class weights (None when it has none)."""
         return getattr(est, "class_weight", None)
@@ -201,7 +205,25 @@ class Family:
         """Why the template's penalty is not known before it is fitted, or None."""
         return None
 
-    # export ------------------------------------------------------------
+    def prepare(self, est, task: str) -> None:
+        """Make the estimators' fitted copy ``est`` ready to convert, for ``task``
+        (default: nothing)."""
+
+    def serves(self, task: str) -> bool:
+        """Whether the family's models do ``task``."""
+        return self.task in (task, "any")
+
+    # conversion and export ----------------------------------------------
+    def convert(self, est, n_features: int, dtype):
+        """The template's :class:`~onnxgrad_sklearn._converted.ConvertedTemplate`, or
+        None for a scikit-learn model (converted by skl2onnx, its parameters located)."""
+        return None
+
+    def export(self, est, n_features: int, dtype):
+        """The exported ONNX model of the fitted ``est``, or None for a scikit-learn
+        model (converted by skl2onnx)."""
+        return None
+
     black_op = frozenset({"LinearRegressor", "LinearClassifier", "Scaler"})
 
     def output_link(self, est) -> str | None:
@@ -910,7 +932,11 @@ def families() -> dict[type, Family]:
 
 
 def family_of(est) -> Family | None:
-    """Return the family of ``est`` (an exact registered class), or None."""
+    """Return the family of ``est`` (an exact registered class, or a class that
+    declares its family, :class:`~onnxgrad_sklearn.OnnxTemplate`), or None."""
+    declared = getattr(type(est), "_onnxgrad_family", None)
+    if declared is not None:
+        return declared
     found = _mlp_families().get(type(est))  # without sklearn.linear_model's import
     return found if found is not None else families().get(type(est))
 
