@@ -100,10 +100,12 @@ CHUNK_VALUES = 1 << 22
 
 
 def as_rows(X, dtype):
-    """X in ``dtype``, ready to take rows from: C-contiguous, or CSR if it is sparse."""
+    """X in ``dtype``, ready to take rows from: C-contiguous, or CSR if it is sparse
+    (integers, an ONNX template's indices, keep their type)."""
     if sp.issparse(X):
         return X.tocsr().astype(dtype, copy=False)
-    return np.ascontiguousarray(X, dtype=dtype)
+    X = np.asarray(X)
+    return np.ascontiguousarray(X, dtype=None if X.dtype.kind in "iu" else dtype)
 
 
 def take_rows(X, index, out=None):

@@ -182,7 +182,8 @@ def tensor_info(name: str, shape=None, elem_type: int = TensorProto.FLOAT):
 
 
 def model_dtype(model: onnx.ModelProto) -> np.dtype:
-    """The float type a model computes in: float64 when its first input is double.
+    """The float type a model computes in: float64 when its first float input (or
+    output, for a model of integer inputs) is double.
 
     Parameters
     ----------
@@ -194,7 +195,9 @@ def model_dtype(model: onnx.ModelProto) -> np.dtype:
     numpy.dtype
         ``float64`` for a ``tensor(double)`` input, ``float32`` otherwise.
     """
-    inputs = model.graph.input
-    if inputs and inputs[0].type.tensor_type.elem_type == TensorProto.DOUBLE:
-        return np.dtype(np.float64)
+    floats = (TensorProto.FLOAT, TensorProto.DOUBLE)
+    for value in [*model.graph.input, *model.graph.output]:  # an integer X: the next one
+        if value.type.tensor_type.elem_type in floats:
+            double = value.type.tensor_type.elem_type == TensorProto.DOUBLE
+            return np.dtype(np.float64 if double else np.float32)
     return np.dtype(np.float32)

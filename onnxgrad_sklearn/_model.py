@@ -19,6 +19,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._data import as_rows, run_by_chunks
 from ._frames import join_head, run_raw
+from .onnx_template import conform_input, input_spec, validate_onnx_input
 from .runtime import (
     device_to_providers,
     intra_op_threads,
@@ -254,10 +255,15 @@ def run_onnx(est, X, trained_graph=False):
     if "_raw_columns" in est.__dict__:  # fitted on a DataFrame's raw columns
         session = trained_session(est) if trained_graph else export_session(est)
         return run_raw(est, X, session, trained_graph)
-    X = validate_data(
-        est, X, reset=False, accept_sparse=["csr", "csc"], dtype=[np.float32, np.float64]
-    )
-    X = as_rows(X, est._converted.dtype)  # the graph's input type
+    spec = input_spec(final_estimator(est.estimator_))
+    if spec is not None:  # an ONNX model: X of its input's rank and type
+        X = validate_onnx_input(est, X, None, spec, False)[0]
+        X = conform_input(X, spec, est._converted.dtype)
+    else:
+        X = validate_data(
+            est, X, reset=False, accept_sparse=["csr", "csc"], dtype=[np.float32, np.float64]
+        )
+        X = as_rows(X, est._converted.dtype)  # the graph's input type
     # made here after a fit that stopped while storing, and for a callback's
     # fitted_estimator (the sessions it predicts with, when it first predicts)
     session = trained_session(est) if trained_graph else export_session(est)

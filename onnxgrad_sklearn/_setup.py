@@ -24,6 +24,7 @@ from ._data import MemoryValidation, as_rows, dask_input, is_rows
 from ._frames import validate_fit_data, with_head
 from ._frames import validate_validation_data as _validate_frame
 from .families import dropped_settings, family_of
+from .onnx_template import conform_input, input_spec, validate_onnx_input
 from .optim import LearningRateSchedule
 from .runtime import device_to_providers
 from .templates import (
@@ -58,17 +59,23 @@ def validate_fit_input(est, X, y, sample_weight, first_call, incremental, classe
         )
         check_outputs(est, y2d, first_call)
         return X, y2d, sample_weight, fitted, loss, optimizer
-    # a DataFrame whose columns the template's head takes by name: the head's output
-    X, y = validate_fit_data(
-        est,
-        X,
-        y,
-        reset=first_call,
-        accept_sparse=["csr", "csc"],
-        multi_output=True,
-        dtype=[np.float64, np.float32] if dtype is None else [np.float32, np.float64],
-        y_numeric=not is_classifier(est),
-    )
+    spec = input_spec(template)
+    if spec is not None:  # an ONNX model: X of its input's rank and type
+        X, y = validate_onnx_input(est, X, y, spec, first_call)
+        dtype = spec.float_type if dtype is None else dtype
+        X = conform_input(X, spec, dtype)
+    else:
+        # a DataFrame whose columns the template's head takes by name: the head's output
+        X, y = validate_fit_data(
+            est,
+            X,
+            y,
+            reset=first_call,
+            accept_sparse=["csr", "csc"],
+            multi_output=True,
+            dtype=[np.float64, np.float32] if dtype is None else [np.float32, np.float64],
+            y_numeric=not is_classifier(est),
+        )
     if y.ndim == 2 and y.shape[1] == 1:
         warnings.warn(
             "A column-vector y was passed when a 1d array was expected. Please "
@@ -99,7 +106,22 @@ def check_runtime(est, dtype):
 
 
 def check_outputs(est, y2d, first_call):
-    """A continued fit keeps the number of outputs."""
+    """A continued fit keeps the number of outputs; a template that fixes its outputs'
+    width (an ONNX model) has y's."""
+    final = final_estimator(est._template())
+    width = family_of(final).output_width(final)
+    if width is not None and width != est._n_model_outputs(y2d):
+        name = family_of(final).prediction_output(final)
+        what = (
+            f"{y2d.shape[1]} classes"
+            if is_classifier(est) and not est._multilabel
+            else f"{y2d.shape[1]} values per sample"
+        )
+        raise ValueError(
+            f"the ONNX template's output {name!r} gives {width} values per sample, and y "
+            f"has {what}: export the model with an output of {est._n_model_outputs(y2d)} "
+            "(or pass output= another output of the model)."
+        )
     if not first_call and est._n_model_outputs(y2d) != est.n_outputs_:
         raise ValueError(
             f"y has {est._n_model_outputs(y2d)} outputs, the estimator was fitted "
@@ -138,7 +160,12 @@ def validate_validation_data(est, validation, y2d, fitted, optimizer, X=None):
         )
     if is_rows(X) and dask_input(X_val):
         return X.validation_set(est, X_val, y_val, sw_val, y2d.shape[1])
-    X_val = _validate_frame(est, X_val, y2d.dtype)
+    spec = input_spec(est._template())
+    if spec is not None:
+        X_val = validate_onnx_input(est, X_val, None, spec, False, "X_val")[0]
+        X_val = conform_input(X_val, spec, y2d.dtype, "X_val")
+    else:
+        X_val = _validate_frame(est, X_val, y2d.dtype)
     y_val = np.ascontiguousarray(est._validation_targets(y_val, fitted), dtype=y2d.dtype)
     if y_val.shape[0] != X_val.shape[0] or y_val.shape[1] != y2d.shape[1]:
         raise ValueError(
@@ -225,7 +252,7 @@ def initialize(est, X, y2d, fitted, loss):
     )
     family_of(final_estimator(model)).prepare(final_estimator(model), est._task)
     est._setup_template(model, fine_tuned, fitted, loss)
-    converted = convert_template(est._trained_view(model), X.shape[1], X.dtype)
+    converted = convert_template(est._trained_view(model), X.shape[1], y2d.dtype)
     # Every step that can fail is done: the fitted state is replaced at once.
     for name, value in fitted.items():
         setattr(est, name, value)

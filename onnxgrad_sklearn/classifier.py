@@ -296,7 +296,10 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
     def _n_model_outputs(self, y2d):
         if self._multilabel:
             return y2d.shape[1]
-        return 1 if y2d.shape[1] == 2 else y2d.shape[1]
+        if y2d.shape[1] == 2:  # binary: one logit, or two for a template that has two
+            final = final_estimator(self._template())
+            return 2 if family_of(final).output_width(final) == 2 else 1
+        return y2d.shape[1]
 
     def _class_weight(self):
         """The estimator's ``class_weight``, or the template's when it is None."""
@@ -350,7 +353,7 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         self.gives_proba_ = bool(family_of(final).gives_proba(final) and loss.gives_proba)
         return _LogitLoss(
             loss=loss,
-            binary=len(self.classes_) == 2 and not self._multilabel,
+            binary=len(self.classes_) == 2 and not self._multilabel and self.n_outputs_ == 1,
             signed=family_of(final).signed_targets(final),
         )
 

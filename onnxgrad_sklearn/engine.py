@@ -594,7 +594,7 @@ class TrainingEngine:
         self._backend.set_state(saved)
 
     def _arrays(self, X, y, sample_weight):
-        X = np.ascontiguousarray(X, dtype=self.dtype)
+        X = runtime.input_array(X, self.dtype)
         y = np.ascontiguousarray(np.reshape(y, (X.shape[0], -1)), dtype=self.dtype)
         if sample_weight is None:
             sample_weight = np.ones(X.shape[0], dtype=self.dtype)

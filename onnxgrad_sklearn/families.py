@@ -209,6 +209,15 @@ class Family:
         """Make the estimators' fitted copy ``est`` ready to convert, for ``task``
         (default: nothing)."""
 
+    def output_width(self, est) -> int | None:
+        """The values per sample the trained output gives, where the template fixes it
+        (None: as many as the targets)."""
+        return None
+
+    def prediction_output(self, est) -> str | None:
+        """The exported graph's output that is the prediction (None: its first)."""
+        return None
+
     def serves(self, task: str) -> bool:
         """Whether the family's models do ``task``."""
         return self.task in (task, "any")

@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
-from sklearn.base import BaseEstimator
+from sklearn.base import BaseEstimator, is_classifier
 from sklearn.utils._param_validation import HasMethods
 
 from ._lazy import lazy
@@ -33,8 +33,11 @@ __all__ = [
     "OnnxModelConstraint",
     "OnnxTemplate",
     "TemplateSpec",
+    "conform_input",
+    "input_spec",
     "is_onnx_model",
     "trainable_names",
+    "validate_onnx_input",
 ]
 
 logger = logging.getLogger("onnxgrad_sklearn")
@@ -229,6 +232,77 @@ class OnnxModelConstraint(HasMethods):
 
     def __str__(self):
         return "an ONNX model (onnx.ModelProto, its bytes, or the path of an .onnx file)"
+
+
+def input_spec(template) -> TemplateSpec | None:
+    """The :class:`TemplateSpec` of an ONNX template (None for any other template)."""
+    return template.spec() if isinstance(template, OnnxTemplate) else None
+
+
+def conform_input(X, spec: TemplateSpec, dtype, what: str = "X") -> np.ndarray:
+    """``X`` checked against the ONNX template's data input, in the type it takes.
+
+    Parameters
+    ----------
+    X : ndarray
+        The samples, the batch first.
+    spec : TemplateSpec
+        The template's.
+    dtype : numpy dtype
+        The float type the graph computes in (a float input's type).
+    what : str, default="X"
+        The argument's name, for the messages.
+
+    Returns
+    -------
+    numpy.ndarray
+        C-contiguous: floats in ``dtype``, integers in the input's type.
+
+    Raises
+    ------
+    ValueError
+        Another rank, a declared dimension that differs, floats for an integer input.
+    """
+    X = np.asarray(X)
+    shown = ", ".join(["n_samples"] + ["?" if d is None else str(d) for d in spec.input_shape])
+    if X.ndim != 1 + len(spec.input_shape) or any(
+        want is not None and got != want for got, want in zip(X.shape[1:], spec.input_shape)
+    ):
+        raise ValueError(
+            f"{what} has shape {X.shape}; the ONNX template's input {spec.input!r} takes "
+            f"({shown}). Reshape {what} (a Pipeline step in front, a FunctionTransformer, "
+            "can do it)."
+        )
+    if spec.input_dtype.kind in "iu":
+        if X.dtype.kind not in "iub":
+            raise ValueError(
+                f"the ONNX template's input {spec.input!r} takes {spec.input_dtype} values "
+                f"(indices, token ids); {what} is {X.dtype}: pass integers."
+            )
+        return np.ascontiguousarray(X, dtype=spec.input_dtype)
+    return np.ascontiguousarray(X, dtype=dtype)
+
+
+def validate_onnx_input(est, X, y, spec, reset, what="X"):
+    """scikit-learn's checks of ``X`` (any rank, its own type) and ``y`` for an ONNX
+    template; ``n_features_in_`` is recorded for a 2-D ``X`` only."""
+    from sklearn.utils.validation import validate_data
+
+    if hasattr(X, "toarray") and hasattr(X, "nnz"):
+        raise TypeError(
+            f"The ONNX template's input {spec.input!r} takes a dense array: {what} is "
+            "sparse. Pass X.toarray()."
+        )
+    kwargs = {"allow_nd": True, "dtype": None, "accept_sparse": False}
+    if y is None:
+        X = validate_data(est, X, reset=reset, **kwargs)
+    else:
+        X, y = validate_data(
+            est, X, y, reset=reset, multi_output=True, y_numeric=not is_classifier(est), **kwargs
+        )
+    if reset and np.ndim(X) != 2:
+        est.__dict__.pop("n_features_in_", None)  # features are columns of a 2-D X only
+    return X, y
 
 
 def _as_type(value, init):
@@ -467,8 +541,13 @@ class OnnxFamily(Family):
         return True
 
     def trained_view(self, est):
-        view = getattr(est, "_logit_view", None)
-        return view
+        return getattr(est, "_logit_view", None)
+
+    def output_width(self, est):
+        return est.spec().output_width
+
+    def prediction_output(self, est):
+        return est.spec().output
 
     def conversion(self, name, value, est, n_samples):
         return None
@@ -502,8 +581,11 @@ class OnnxFamily(Family):
             )
         model = onnx.ModelProto()
         model.CopyFrom(est.load())
-        output = getattr(est, "_trained_output", None) or spec.output
-        _keep_one_output(model, output)
+        output = getattr(est, "_trained_output", None)
+        if output is not None:  # a classifier's logits: the graph up to them
+            _keep_one_output(model, output, spec.float_type)
+        else:
+            output = spec.output
         _batch_symbol(model, spec.input)
         names = list(spec.trainable)
         params = self.params(est)
@@ -530,7 +612,7 @@ class OnnxFamily(Family):
         return pin_versions(est.to_onnx())
 
 
-def _keep_one_output(model, output) -> None:
+def _keep_one_output(model, output, dtype) -> None:
     """Make ``output`` the model's only output (a node's output promoted if needed)."""
     graph = model.graph
     found = [o for o in graph.output if o.name == output]
@@ -540,8 +622,7 @@ def _keep_one_output(model, output) -> None:
         return
     info = next((v for v in graph.value_info if v.name == output), None)
     if info is None:
-        elem = next(o for o in model.graph.input).type.tensor_type.elem_type
-        elem = elem if elem in _FLOAT_TYPES else onnx.TensorProto.FLOAT
+        elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
         info = onnx.helper.make_tensor_value_info(output, elem, None)
     graph.output.append(info)
     from ._passes import prune

@@ -233,7 +233,9 @@ class OrtGradientRegressor(RegressorMixin, BaseOrtGradient):
             ``dtype="float64"`` fit, copies of its float32 output otherwise).
         """
         outputs = _model.run_onnx(self, X)
-        pred = list(outputs.values())[0].astype(np.float64)  # the graph's first output
+        final = final_estimator(self.estimator_)
+        name = family_of(final).prediction_output(final)  # None: the graph's first output
+        pred = (list(outputs.values())[0] if name is None else outputs[name]).astype(np.float64)
         return pred.ravel() if self.n_outputs_ == 1 else pred.reshape(-1, self.n_outputs_)
 
     # on dask collections: R2 from sums over the partitions, where they are

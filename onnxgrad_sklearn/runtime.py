@@ -45,6 +45,7 @@ from ._ort_import import (
 )
 
 __all__ = [
+    "input_array",
     "ONNXRUNTIME_DISTRIBUTIONS",
     "SESSION_OPTIONS_HOOKS",
     "SESSIONS",
@@ -581,6 +582,27 @@ def ort_device(provider: str, device_index: int):
     _C = bindings()  # pragma: no cover - every supported onnxruntime has OrtDevice.make
     kind = _C.OrtDevice.cuda() if name == "cuda" else _C.OrtDevice.cpu()
     return _C.OrtDevice(kind, _C.OrtDevice.default_memory(), device_index)
+
+
+def input_array(X, dtype) -> np.ndarray:
+    """``X`` as a model's data input: C-contiguous, floats in the float type ``dtype``;
+    integers (an ONNX template's token ids, an embedding's indices) keep their type.
+
+    Parameters
+    ----------
+    X : array-like
+        The data.
+    dtype : numpy dtype
+        The float type the graph computes in.
+
+    Returns
+    -------
+    numpy.ndarray
+    """
+    X = np.asarray(X)
+    if X.dtype.kind in "iu":
+        return np.ascontiguousarray(X)
+    return np.ascontiguousarray(X, dtype=dtype)
 
 
 def to_ortvalue(array: np.ndarray, device: str = "cpu") -> OrtValue:

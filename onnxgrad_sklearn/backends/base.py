@@ -16,6 +16,7 @@ from ..runtime import (
     SESSIONS,
     OrtValue,
     device_to_providers,
+    input_array,
     make_session,
     options_key,
     ortvalue_view,
@@ -310,7 +311,7 @@ class Backend:
         if self._predict is None:
             self._predict = self.session("predict.onnx")
         names = [i.name for i in self._predict.get_inputs()]
-        X = np.ascontiguousarray(X, dtype=self.dtype)
+        X = input_array(X, self.dtype)
         feeds = [self._feed(X)] + list(self.weights)
         out = run_with_ortvalues(self._predict, names, feeds, [self.output_name])
         return out[0].numpy().copy()

@@ -39,6 +39,7 @@ from ..runtime import (
     LARGE_MODEL,
     bindings,
     import_onnxruntime,
+    input_array,
     ort_device,
     ortvalue_view,
     to_ortvalue,
@@ -720,7 +721,7 @@ class StandardBackend(Backend):
         return model
 
     def _feeds(self, X, y, sample_weight):
-        X = np.ascontiguousarray(X, dtype=self.dtype)
+        X = input_array(X, self.dtype)
         y = np.ascontiguousarray(np.reshape(y, (X.shape[0], -1)), dtype=self.dtype)
         if sample_weight is None:
             sample_weight = np.ones(X.shape[0], dtype=self.dtype)
@@ -845,5 +846,5 @@ class StandardBackend(Backend):
             self._predict = self._session("predict.onnx")  # the weights are its inputs
         weights = set(self.weight_names)
         names = [i.name for i in self._predict.get_inputs() if i.name not in weights]
-        X = np.ascontiguousarray(X, dtype=self.dtype)
+        X = input_array(X, self.dtype)
         return self._run_once(self._predict, {names[0]: X}, [self.output_name])[0]

@@ -1,0 +1,319 @@
+"""Any ONNX model as a template (OnnxTemplate): fidelity to PyTorch, the export, the
+trainable set, the checks of X and of the model."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from sklearn.base import clone
+from sklearn.datasets import load_diabetes, load_digits, load_iris
+from sklearn.model_selection import GridSearchCV
+
+from onnxgrad_sklearn import OnnxTemplate, OrtGradientClassifier, OrtGradientRegressor
+from onnxgrad_sklearn.backends import agent_available
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::sklearn.exceptions.ConvergenceWarning", "ignore::DeprecationWarning"
+)
+
+BACKENDS = ["standard"] + (["agent"] if agent_available() else [])
+
+
+def _linear_model(n_in=3, n_out=1, dtype=np.float32, second_output=False):
+    """y = X @ W + b, made with onnx.helper."""
+    elem = TensorProto.FLOAT if dtype == np.float32 else TensorProto.DOUBLE
+    rng = np.random.RandomState(0)
+    W = numpy_helper.from_array(rng.randn(n_in, n_out).astype(dtype), "W")
+    b = numpy_helper.from_array(rng.randn(n_out).astype(dtype), "b")
+    nodes = [
+        helper.make_node("MatMul", ["X", "W"], ["xw"]),
+        helper.make_node("Add", ["xw", "b"], ["y"]),
+    ]
+    outputs = [helper.make_tensor_value_info("y", elem, ["n", n_out])]
+    if second_output:
+        nodes.append(helper.make_node("Neg", ["y"], ["neg"]))
+        outputs.insert(0, helper.make_tensor_value_info("neg", elem, ["n", n_out]))
+    graph = helper.make_graph(
+        nodes, "linear", [helper.make_tensor_value_info("X", elem, ["n", n_in])], outputs, [W, b]
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _diabetes():
+    X, y = load_diabetes(return_X_y=True)
+    return X.astype(np.float32), ((y - y.mean()) / y.std()).astype(np.float32)
+
+
+# fidelity to PyTorch ----------------------------------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mlp_regressor_one_epoch_of_sgd_equals_torch(backend):
+    torch = pytest.importorskip("torch")
+    from _torch_models import export, mlp, train_sgd
+
+    X, y = _diabetes()
+    X, y = X[:256], y[:256]
+    module = mlp(n_in=10)
+    model = export(module, torch.zeros(2, 10))
+    reg = OrtGradientRegressor(
+        OnnxTemplate(model), optimizer="sgd", learning_rate_init=0.05, batch_size=32,
+        shuffle=False, max_iter=1, backend=backend,
+    )  # fmt: skip
+    reg.fit(X, y)
+    expected = train_sgd(module, X, y, "squared_error", 0.05, 32)
+    trained = reg.estimator_.weights_
+    assert sorted(trained) == sorted(expected)
+    for name, value in expected.items():
+        np.testing.assert_allclose(trained[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
+    with torch.no_grad():
+        np.testing.assert_allclose(
+            reg.predict(X[:20]),
+            module(torch.as_tensor(X[:20])).numpy().ravel(),
+            rtol=1e-4,
+            atol=1e-5,
+        )
+    assert reg.backend_ == backend
+
+
+def test_mlp_regressor_float64_equals_torch():
+    torch = pytest.importorskip("torch")
+    from _torch_models import export, mlp, train_sgd
+
+    X, y = _diabetes()
+    X, y = X[:256].astype(np.float64), y[:256].astype(np.float64)
+    module = mlp(n_in=10, dtype=torch.float64)
+    model = export(module, torch.zeros(2, 10, dtype=torch.float64))
+    reg = OrtGradientRegressor(
+        OnnxTemplate(model), optimizer="sgd", learning_rate_init=0.05, batch_size=32,
+        shuffle=False, max_iter=1, dtype="float64",
+    )  # fmt: skip
+    reg.fit(X, y)
+    assert reg.backend_ == "standard"
+    expected = train_sgd(module, X, y, "squared_error", 0.05, 32)
+    for name, value in expected.items():
+        np.testing.assert_allclose(reg.estimator_.weights_[name], value, rtol=1e-9, atol=1e-12)
+    assert reg.estimator_.weights_["0.weight"].dtype == np.float64
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cnn_classifier_one_epoch_of_sgd_equals_torch(backend):
+    torch = pytest.importorskip("torch")
+    from _torch_models import SmallCNN, distinct_, export, train_sgd
+
+    X, y = load_digits(return_X_y=True)
+    X = (X[:256] / 16.0).astype(np.float32).reshape(-1, 1, 8, 8)
+    y = y[:256] % 3
+    module = distinct_(SmallCNN(n_classes=3).eval())
+    model = export(module, torch.zeros(2, 1, 8, 8))
+    assert "BatchNormalization" in {n.op_type for n in model.graph.node}
+    clf = OrtGradientClassifier(
+        OnnxTemplate(model), optimizer="sgd", learning_rate_init=0.1, batch_size=32,
+        shuffle=False, max_iter=1, backend=backend,
+    )  # fmt: skip
+    if backend == "agent":  # its gradient of BatchNormalization is wrong: refused
+        with pytest.raises(ValueError, match="BatchNormalization is wrong"):
+            clf.fit(X, y)
+        assert not hasattr(clf, "estimator_")
+        clf.set_params(backend="auto")
+    clf.fit(X, y)
+    module.eval()
+    expected = train_sgd(module, X, torch.as_tensor(y), "log_loss", 0.1, 32)
+    trained = clf.estimator_.weights_
+    assert sorted(trained) == sorted(expected)
+    for name, value in expected.items():
+        np.testing.assert_allclose(trained[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
+    with torch.no_grad():
+        proba = torch.softmax(module(torch.as_tensor(X[:20])), dim=1).numpy()
+    np.testing.assert_allclose(clf.predict_proba(X[:20]), proba, rtol=1e-4, atol=1e-6)
+    assert not hasattr(clf, "n_features_in_")  # X is 4-D
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_text_classifier_with_an_embedding_equals_torch(backend):
+    torch = pytest.importorskip("torch")
+    from _torch_models import TextClassifier, export, train_sgd
+
+    rng = np.random.RandomState(0)
+    ids = rng.randint(0, 50, size=(256, 12)).astype(np.int64)
+    y = (ids[:, 0] % 3).astype(np.int64)
+    module = TextClassifier(vocabulary=50, dim=8, n_classes=3)
+    model = export(module, torch.zeros(2, 12, dtype=torch.int64), input_name="ids")
+    clf = OrtGradientClassifier(
+        OnnxTemplate(model), optimizer="sgd", learning_rate_init=0.5, batch_size=32,
+        shuffle=False, max_iter=1, backend=backend,
+    )  # fmt: skip
+    if backend == "agent":  # its gradient builder fails on this LayerNormalization
+        with pytest.raises(ValueError, match="LayerNormalization with one output"):
+            clf.fit(ids, y)
+        clf.set_params(backend="auto")
+    clf.fit(ids, y)
+    assert clf.backend_ == "standard"
+    expected = train_sgd(module, ids, torch.as_tensor(y), "log_loss", 0.5, 32)
+    trained = clf.estimator_.weights_
+    assert sorted(trained) == sorted(expected)
+    for name, value in expected.items():
+        np.testing.assert_allclose(trained[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
+    with pytest.raises(ValueError, match="takes int64 values"):
+        clf.predict(ids.astype(np.float32))
+
+
+# the export ---------------------------------------------------------------------
+def test_to_onnx_is_the_same_graph_with_the_trained_weights():
+    model = _linear_model(second_output=True)
+    X = np.random.RandomState(1).randn(200, 3).astype(np.float32)
+    y = X @ np.array([1.0, -2.0, 0.5], dtype=np.float32) + 0.3
+    reg = OrtGradientRegressor(OnnxTemplate(model, output="y"), learning_rate_init=0.05)
+    reg.fit(X, y)
+    out = reg.to_onnx()
+    assert [i.name for i in out.graph.input] == ["X"]
+    assert [o.name for o in out.graph.output] == ["neg", "y"]
+    assert [n.op_type for n in out.graph.node] == [n.op_type for n in model.graph.node]
+    assert out.opset_import[0].version == 17
+    weights = {i.name: numpy_helper.to_array(i) for i in out.graph.initializer}
+    np.testing.assert_array_equal(weights["W"], reg.estimator_.weights_["W"])
+    assert not np.array_equal(weights["W"], numpy_helper.to_array(model.graph.initializer[0]))
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(
+        out.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    neg, pred = session.run(None, {"X": X[:10]})
+    # the prediction is output "y", the second one, not the first
+    np.testing.assert_allclose(reg.predict(X[:10]), pred.ravel(), rtol=1e-6)
+    np.testing.assert_allclose(neg, -pred)
+    assert reg.score(X, y) > 0.9
+
+
+def test_frozen_weights_come_back_bit_for_bit():
+    model = _linear_model()
+    X = np.random.RandomState(1).randn(200, 3).astype(np.float32)
+    y = X @ np.array([1.0, -2.0, 0.5], dtype=np.float32) + 0.3
+    given = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    reg = OrtGradientRegressor(OnnxTemplate(model, frozen=["W"]), max_iter=3)
+    reg.fit(X, y)
+    assert list(reg.estimator_.weights_) == ["b"]
+    out = {i.name: numpy_helper.to_array(i) for i in reg.to_onnx().graph.initializer}
+    np.testing.assert_array_equal(out["W"], given["W"])
+    assert out["W"].tobytes() == given["W"].tobytes()
+    assert not np.array_equal(out["b"], given["b"])
+
+
+def test_template_is_not_modified_and_refits_from_its_weights():
+    model = _linear_model()
+    before = model.SerializeToString()
+    X = np.random.RandomState(1).randn(100, 3).astype(np.float32)
+    y = X.sum(axis=1)
+    template = OnnxTemplate(model)
+    reg = OrtGradientRegressor(template, max_iter=2, random_state=0)
+    first = reg.fit(X, y).predict(X)
+    again = reg.fit(X, y).predict(X)
+    assert model.SerializeToString() == before
+    np.testing.assert_array_equal(first, again)
+    assert "weights_" not in vars(template)
+
+
+# a scikit-learn object --------------------------------------------------------------
+def test_clone_pickle_and_grid_search():
+    model = _linear_model()
+    X = np.random.RandomState(1).randn(120, 3).astype(np.float32)
+    y = X @ np.array([1.0, -2.0, 0.5], dtype=np.float32)
+    reg = OrtGradientRegressor(OnnxTemplate(model), max_iter=20, learning_rate_init=0.05)
+    cloned = clone(reg)
+    assert cloned.estimator.get_params()["model"] is not None
+    search = GridSearchCV(reg, {"estimator__frozen": [None, ["b"]]}, cv=2)
+    search.fit(X, y)
+    assert len(search.cv_results_["params"]) == 2
+    fitted = search.best_estimator_
+    restored = pickle.loads(pickle.dumps(fitted))
+    np.testing.assert_array_equal(restored.predict(X), fitted.predict(X))
+    assert copy.deepcopy(fitted).predict(X[:3]).shape == (3,)
+
+
+def test_model_given_directly_bytes_and_path(tmp_path):
+    model = _linear_model()
+    X = np.random.RandomState(1).randn(120, 3).astype(np.float32)
+    y = X.sum(axis=1)
+    path = tmp_path / "linear.onnx"
+    onnx.save(model, str(path))
+    preds = []
+    for given in (model, model.SerializeToString(), str(path), OnnxTemplate(path)):
+        reg = OrtGradientRegressor(given, max_iter=2, random_state=0)
+        preds.append(reg.fit(X, y).predict(X))
+    for p in preds[1:]:
+        np.testing.assert_array_equal(p, preds[0])
+
+
+# the trainable set ------------------------------------------------------------------
+def test_trainable_and_frozen_patterns():
+    torch = pytest.importorskip("torch")
+    from _torch_models import SmallCNN, distinct_, export
+
+    from onnxgrad_sklearn.onnx_template import trainable_names
+
+    model = export(distinct_(SmallCNN().eval()), torch.zeros(2, 1, 8, 8))
+    everything = trainable_names(model)
+    # running statistics are not weights
+    assert "bn.running_mean" not in everything and "bn.running_var" not in everything
+    assert {"c1.weight", "c1.bias", "bn.weight", "bn.bias", "fc.weight"} <= set(everything)
+    assert trainable_names(model, frozen=["c*", "bn.*"]) == ["fc.weight", "fc.bias"]
+    assert trainable_names(model, trainable="fc.*") == ["fc.weight", "fc.bias"]
+    with pytest.raises(ValueError, match="'conv9.*' matches no"):
+        trainable_names(model, frozen=["conv9.*"])
+    with pytest.raises(ValueError, match="no weight to train"):
+        trainable_names(model, frozen="*")
+
+
+# checks -------------------------------------------------------------------------
+def test_x_of_another_shape_is_refused_before_training():
+    torch = pytest.importorskip("torch")
+    from _torch_models import SmallCNN, distinct_, export
+
+    model = export(distinct_(SmallCNN().eval()), torch.zeros(2, 1, 8, 8))
+    clf = OrtGradientClassifier(OnnxTemplate(model), max_iter=1)
+    y = np.arange(40) % 3
+    with pytest.raises(ValueError, match=r"takes \(n_samples, 1, 8, 8\)"):
+        clf.fit(np.zeros((40, 64), np.float32), y)
+    with pytest.raises(ValueError, match=r"takes \(n_samples, 1, 8, 8\)"):
+        clf.fit(np.zeros((40, 1, 9, 8), np.float32), y)
+    assert not hasattr(clf, "estimator_")
+
+
+def test_second_data_input_and_ml_operators_are_refused():
+    model = _linear_model()
+    model.graph.input.append(helper.make_tensor_value_info("Z", TensorProto.FLOAT, ["n", 3]))
+    reg = OrtGradientRegressor(OnnxTemplate(model))
+    X, y = np.zeros((10, 3), np.float32), np.zeros(10)
+    with pytest.raises(ValueError, match=r"one data input.*\['X', 'Z'\]"):
+        reg.fit(X, y)
+    from skl2onnx import to_onnx
+    from sklearn.linear_model import LinearRegression
+
+    ml = to_onnx(LinearRegression().fit(X + np.arange(3), y), X[:1])
+    with pytest.raises(ValueError, match="ai.onnx.ml operators"):
+        OrtGradientRegressor(OnnxTemplate(ml)).fit(X, y)
+
+
+def test_output_width_must_match_y():
+    model = _linear_model(n_out=2)
+    X = np.zeros((10, 3), np.float32)
+    with pytest.raises(ValueError, match="output 'y' gives 2 values per sample"):
+        OrtGradientRegressor(OnnxTemplate(model)).fit(X, np.zeros(10))
+    y, _ = load_iris(return_X_y=True)
+    with pytest.raises(ValueError, match="output 'y' gives 2 values per sample"):
+        OrtGradientClassifier(OnnxTemplate(model)).fit(np.zeros((150, 3), np.float32), _)
+
+
+def test_binary_classifier_with_two_logits():
+    X, y = load_iris(return_X_y=True)
+    X, y = X[:100, :3].astype(np.float32), y[:100]
+    clf = OrtGradientClassifier(OnnxTemplate(_linear_model(n_out=2)), max_iter=50,
+                                learning_rate_init=0.05)  # fmt: skip
+    clf.fit(X, y)
+    assert clf.n_outputs_ == 2
+    proba = clf.predict_proba(X)
+    assert proba.shape == (100, 2)
+    assert clf.score(X, y) > 0.9
