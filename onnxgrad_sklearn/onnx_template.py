@@ -29,6 +29,7 @@ onnx = lazy("onnx")
 numpy_helper = lazy("onnx.numpy_helper")
 
 __all__ = [
+    "cast_float_type",
     "OnnxFamily",
     "OnnxModelConstraint",
     "OnnxTemplate",
@@ -573,14 +574,11 @@ class OnnxFamily(Family):
         from ._converted import ConvertedTemplate, split_model
 
         spec = est.spec()
-        if np.dtype(dtype) != spec.float_type:
-            raise ValueError(
-                f"the ONNX template computes in {spec.float_type}: train it with dtype=None "
-                f"or dtype={str(spec.float_type)!r} (a graph in another float type is not "
-                "made from it)."
-            )
         model = onnx.ModelProto()
         model.CopyFrom(est.load())
+        if np.dtype(dtype) != spec.float_type:  # dtype="float64" on a float32 model...
+            cast_float_type(model, np.dtype(dtype))
+            _check_kernels(model, dtype)
         output = getattr(est, "_trained_output", None)
         if output is not None:  # a classifier's logits: the graph up to them
             _keep_one_output(model, output, spec.float_type)
@@ -610,6 +608,62 @@ class OnnxFamily(Family):
         from ._passes import pin_versions
 
         return pin_versions(est.to_onnx())
+
+
+def cast_float_type(model, dtype) -> None:
+    """Make ``model`` compute in the float type ``dtype`` (float32 or float64), in place.
+
+    Every float32 tensor becomes float64 or the other way: initializers, inputs,
+    outputs and intermediate types, ``Cast`` targets, constants and tensor attributes,
+    in subgraphs too. Integer tensors are unchanged.
+    """
+    FLOAT, DOUBLE = onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE
+    source, target = (FLOAT, DOUBLE) if np.dtype(dtype) == np.float64 else (DOUBLE, FLOAT)
+    new_np = np.float64 if target == DOUBLE else np.float32
+
+    def tensor(t):
+        if t.data_type == source:
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(new_np), t.name))
+
+    def value_types(values):
+        for v in values:
+            if v.type.tensor_type.elem_type == source:
+                v.type.tensor_type.elem_type = target
+
+    def graph(g):
+        for init in g.initializer:
+            tensor(init)
+        value_types([*g.input, *g.output, *g.value_info])
+        for node in g.node:
+            for attr in node.attribute:
+                if attr.name in ("to", "dtype") and attr.type == onnx.AttributeProto.INT:
+                    attr.i = target if attr.i == source else attr.i
+                elif attr.type == onnx.AttributeProto.TENSOR:
+                    tensor(attr.t)
+                elif attr.type == onnx.AttributeProto.GRAPH:
+                    graph(attr.g)
+                elif attr.type == onnx.AttributeProto.GRAPHS:
+                    for sub in attr.graphs:
+                        graph(sub)
+
+    graph(model.graph)
+
+
+def _check_kernels(model, dtype) -> None:
+    """Refuse a cast model onnxruntime has no kernel for (no float64 Conv on the CPU)."""
+    from .runtime import import_onnxruntime
+
+    ort = import_onnxruntime()
+    try:
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    except Exception as exc:  # NOT_IMPLEMENTED: a kernel missing in this type
+        if "NOT_IMPLEMENTED" not in str(exc) and "implementation" not in str(exc):
+            raise
+        raise ValueError(
+            f"dtype={str(np.dtype(dtype))!r}: onnxruntime cannot run this ONNX template in "
+            f"{np.dtype(dtype)} ({str(exc).split(':')[-1].strip()}). Train it with dtype=None "
+            "(the model's own float type)."
+        ) from None
 
 
 def _keep_one_output(model, output, dtype) -> None:

@@ -99,6 +99,38 @@ def test_mlp_regressor_float64_equals_torch():
     assert reg.estimator_.weights_["0.weight"].dtype == np.float64
 
 
+def test_float32_model_trained_in_float64_equals_torch_in_float64():
+    torch = pytest.importorskip("torch")
+    from _torch_models import export, mlp, train_sgd
+
+    X, y = _diabetes()
+    X, y = X[:256].astype(np.float64), y[:256].astype(np.float64)
+    module = mlp(n_in=10)
+    model = export(module, torch.zeros(2, 10))  # float32
+    reg = OrtGradientRegressor(
+        OnnxTemplate(model), optimizer="sgd", learning_rate_init=0.05, batch_size=32,
+        shuffle=False, max_iter=1, dtype="float64",
+    )  # fmt: skip
+    reg.fit(X, y)
+    expected = train_sgd(module.double(), X, y, "squared_error", 0.05, 32)
+    for name, value in expected.items():
+        np.testing.assert_allclose(reg.estimator_.weights_[name], value, rtol=1e-9, atol=1e-12)
+    assert reg.to_onnx().graph.input[0].type.tensor_type.elem_type == TensorProto.DOUBLE
+    # the template's own model keeps its type, holding the trained weights
+    assert reg.estimator_.to_onnx().graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT
+
+
+def test_float64_without_kernels_is_refused_before_training():
+    torch = pytest.importorskip("torch")
+    from _torch_models import SmallCNN, distinct_, export
+
+    model = export(distinct_(SmallCNN().eval()), torch.zeros(2, 1, 8, 8))
+    clf = OrtGradientClassifier(OnnxTemplate(model), dtype="float64")
+    with pytest.raises(ValueError, match="cannot run this ONNX template in float64.*Conv"):
+        clf.fit(np.zeros((30, 1, 8, 8)), np.arange(30) % 3)
+    assert not hasattr(clf, "estimator_")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_cnn_classifier_one_epoch_of_sgd_equals_torch(backend):
     torch = pytest.importorskip("torch")
