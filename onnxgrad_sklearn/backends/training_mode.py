@@ -201,12 +201,19 @@ def training_nodes(model: onnx.ModelProto) -> tuple[list, list]:
         ``training_mode=1`` (opset 14 and later) or more than one output (the
         running statistics, opsets 9 to 13). Both lists are in graph order.
     """
+    nodes = list(model.graph.node)
+    dropouts, batchnorms = _training_indices(nodes)
+    return [nodes[i] for i in dropouts], [nodes[i] for i in batchnorms]
+
+
+def _training_indices(nodes) -> tuple[list[int], list[int]]:
+    """The indices of :func:`training_nodes`'s nodes in ``nodes``."""
     dropouts, batchnorms = [], []
-    for node in model.graph.node:
+    for i, node in enumerate(nodes):
         if node.op_type == "Dropout" and _is_default(node):
-            dropouts.append(node)
+            dropouts.append(i)
         elif _is_training_batchnorm(node):
-            batchnorms.append(node)
+            batchnorms.append(i)
     return dropouts, batchnorms
 
 
@@ -243,21 +250,23 @@ class _Graph:
         self.initializers = {i.name: i for i in graph.initializer}
         self.inputs = {i.name: i for i in graph.input}
         self.outputs = {o.name for o in graph.output}
-        self.producer = {}
-        self.readers = {}
+        # The nodes as one list, so that they are told apart by their index there.
+        self.nodes = list(graph.node)
+        self.producer = {}  # tensor name: index of the node writing it
+        self.readers = {}  # tensor name: indices of the nodes reading it (once per read)
         used = set(self.initializers) | set(self.inputs) | self.outputs
         used.update(v.name for v in graph.value_info)
-        for node in graph.node:
+        for i, node in enumerate(self.nodes):
             used.add(node.name)
             used.update(node.input)
             used.update(node.output)
             for name in node.output:
-                self.producer[name] = node
+                self.producer[name] = i
             for name in node.input:
-                self.readers.setdefault(name, []).append(node)
+                self.readers.setdefault(name, []).append(i)
             for sub in _subgraphs(node):
                 for name in _outer_names(sub):
-                    self.readers.setdefault(name, []).append(node)
+                    self.readers.setdefault(name, []).append(i)
                     used.add(name)
         used.discard("")
         self.used = used
@@ -279,7 +288,7 @@ class _Graph:
         name = self.through_identities(name)
         if name in self.initializers and name not in self.inputs:
             return numpy_helper.to_array(self.initializers[name])
-        node = self.producer.get(name)
+        node = self.node(name)
         if node is not None and node.op_type == "Constant" and _is_default(node):
             for attr in node.attribute:
                 if attr.name == "value":
@@ -290,12 +299,17 @@ class _Graph:
                     return np.asarray(attr.i, dtype=np.int64)
         return None
 
+    def node(self, name: str):
+        """The node writing the tensor ``name`` (None: an input, an initializer)."""
+        i = self.producer.get(name)
+        return None if i is None else self.nodes[i]
+
     def through_identities(self, name: str) -> str:
         """The tensor ``name`` copies through a chain of ``Identity`` nodes."""
         seen = set()
         while name not in seen:
             seen.add(name)
-            node = self.producer.get(name)
+            node = self.node(name)
             if node is None or node.op_type != "Identity" or not _is_default(node):
                 break
             name = node.input[0]
@@ -430,8 +444,9 @@ def _rewrite_dropout(node, names: _Graph, shapes: dict, opset: int):
     return write, info, spec
 
 
-def _statistic_source(node, k: int, names: _Graph, claimed: dict) -> str:
+def _statistic_source(index: int, k: int, names: _Graph, claimed: dict) -> str:
     """The initializer (or graph input) a BatchNormalization's running statistic reads."""
+    node = names.nodes[index]
     label = _label(node)
     name = node.input[k]
     source = names.through_identities(name)
@@ -443,13 +458,14 @@ def _statistic_source(node, k: int, names: _Graph, claimed: dict) -> str:
     chain = {name}
     current = name
     while current != source:
-        current = names.producer[current].input[0]
+        current = names.node(current).input[0]
         chain.add(current)
     # Every reader of the chain's tensors is the chain itself or this node, at input k only.
     for tensor in chain:
-        for reader in names.readers.get(tensor, []):
-            if reader is node:
-                if [i for i, read in enumerate(node.input) if read == tensor] == [k]:
+        for i in names.readers.get(tensor, []):
+            reader = names.nodes[i]
+            if i == index:
+                if [j for j, read in enumerate(node.input) if read == tensor] == [k]:
                     continue
             elif reader.op_type == "Identity" and reader.output[0] in chain:
                 continue
@@ -468,8 +484,9 @@ def _statistic_source(node, k: int, names: _Graph, claimed: dict) -> str:
     return source
 
 
-def _rewrite_batchnorm(node, names: _Graph, shapes: dict, opset: int, rows: str, claimed):
+def _rewrite_batchnorm(index: int, names: _Graph, shapes: dict, opset: int, rows: str, claimed):
     """The nodes replacing a BatchNormalization in training mode, and its statistics."""
+    node = names.nodes[index]
     label = _label(node)
     x, scale, bias, mean_in, var_in = node.input[:5]
     elem_type, dims = shapes.get(x, (0, None))
@@ -485,7 +502,7 @@ def _rewrite_batchnorm(node, names: _Graph, shapes: dict, opset: int, rows: str,
     rank = len(dims)
     epsilon = float(_attribute(node, "epsilon", 1e-5))
     momentum = float(_attribute(node, "momentum", 0.9))
-    sources = [_statistic_source(node, k, names, claimed) for k in (3, 4)]
+    sources = [_statistic_source(index, k, names, claimed) for k in (3, 4)]
 
     write = _Writer(names, label, opset)
     axes = [0, *range(2, rank)]
@@ -620,14 +637,14 @@ def training_mode(model: onnx.ModelProto) -> TrainingMode:
         supported range (see the module's docstring).
     """
     _check_subgraphs(model.graph)
-    dropouts, batchnorms = training_nodes(model)
     result = onnx.ModelProto()
     result.CopyFrom(model)
-    if not dropouts and not batchnorms:
-        return TrainingMode(result)
-    opset = _check_versions(model, [*dropouts, *batchnorms])
     graph = result.graph
     names = _Graph(graph)
+    dropouts, batchnorms = _training_indices(names.nodes)
+    if not dropouts and not batchnorms:
+        return TrainingMode(result)
+    opset = _check_versions(model, [names.nodes[i] for i in [*dropouts, *batchnorms]])
     shapes = _inferred(model)
 
     rows = None
@@ -640,8 +657,9 @@ def training_mode(model: onnx.ModelProto) -> TrainingMode:
                     f"The model has a tensor named {rows!r} that is not a graph input: the "
                     "BatchNormalization rewrite needs that name for the rows' weights."
                 )
-            x = batchnorms[0].input[0]
-            elem_type = _float_type(shapes.get(x, (0, None))[0], batchnorms[0], f"input {x!r}")
+            first = names.nodes[batchnorms[0]]
+            x = first.input[0]
+            elem_type = _float_type(shapes.get(x, (0, None))[0], first, f"input {x!r}")
             rows_input.append(helper.make_tensor_value_info(rows, elem_type, [BATCH]))
             names.used.add(rows)
             shapes[rows] = (elem_type, [BATCH])
@@ -649,23 +667,24 @@ def training_mode(model: onnx.ModelProto) -> TrainingMode:
     replaced, masks, mask_inputs, statistics, stat_outputs, initializers = {}, [], [], [], [], []
     dropped = set()
     claimed = {}
-    for node in dropouts:
+    for i in dropouts:
+        node = names.nodes[i]
         write, info, spec = _rewrite_dropout(node, names, shapes, opset)
-        replaced[id(node)] = write.nodes
+        replaced[i] = write.nodes
         initializers += write.initializers
         mask_inputs.append(info)
         masks.append(spec)
         dropped.update(node.input[1:])
-    for node in batchnorms:
-        write, stats, infos = _rewrite_batchnorm(node, names, shapes, opset, rows, claimed)
-        replaced[id(node)] = write.nodes
+    for i in batchnorms:
+        write, stats, infos = _rewrite_batchnorm(i, names, shapes, opset, rows, claimed)
+        replaced[i] = write.nodes
         initializers += write.initializers
         statistics += stats
         stat_outputs += infos
 
     nodes = []
-    for node in model.graph.node:
-        nodes.extend(replaced.get(id(node), [node]))
+    for i, node in enumerate(names.nodes):
+        nodes.extend(replaced.get(i, [node]))
     del graph.node[:]
     graph.node.extend(nodes)
     graph.initializer.extend(initializers)
@@ -708,14 +727,15 @@ def inference_mode(model: onnx.ModelProto) -> onnx.ModelProto:
     _check_subgraphs(model.graph)
     result = onnx.ModelProto()
     result.CopyFrom(model)
-    dropouts, batchnorms = training_nodes(model)
+    graph = result.graph
+    names = _Graph(graph)
+    dropouts, batchnorms = _training_indices(names.nodes)
     if not dropouts and not batchnorms:
         return result
     opset = _opset(model)
-    graph = result.graph
-    names = _Graph(graph)
     replaced, dropped, removed_outputs = {}, set(), set()
-    for node in dropouts:
+    for i in dropouts:
+        node = names.nodes[i]
         label = _label(node)
         write = _Writer(names, label, opset)
         write.op("Identity", node.input[0], output=node.output[0])
@@ -723,9 +743,10 @@ def inference_mode(model: onnx.ModelProto) -> onnx.ModelProto:
             shape = write.op("Shape", node.input[0])
             true = helper.make_tensor("true", TensorProto.BOOL, [1], [True])
             write.op("ConstantOfShape", shape, output=node.output[1], value=true)
-        replaced[id(node)] = write.nodes
+        replaced[i] = write.nodes
         dropped.update(node.input[1:])
-    for node in batchnorms:
+    for i in batchnorms:
+        node = names.nodes[i]
         label = _label(node)
         write = _Writer(names, label, opset)
         new = onnx.NodeProto()
@@ -741,17 +762,17 @@ def inference_mode(model: onnx.ModelProto) -> onnx.ModelProto:
             removed_outputs.add(name)
             if names.readers.get(name):
                 if k > 2:
+                    reader = names.nodes[names.readers[name][0]]
                     raise ValueError(
-                        f"BatchNormalization node {label!r}: node "
-                        f"{_label(names.readers[name][0])!r} reads its saved statistic "
-                        f"{name!r}, which inference mode does not compute."
+                        f"BatchNormalization node {label!r}: node {_label(reader)!r} reads its "
+                        f"saved statistic {name!r}, which inference mode does not compute."
                     )
                 write.op("Identity", node.input[k + 2], output=name)
                 removed_outputs.discard(name)
-        replaced[id(node)] = write.nodes
+        replaced[i] = write.nodes
     nodes = []
-    for node in model.graph.node:
-        nodes.extend(replaced.get(id(node), [node]))
+    for i, node in enumerate(names.nodes):
+        nodes.extend(replaced.get(i, [node]))
     del graph.node[:]
     graph.node.extend(nodes)
     for output in [o for o in graph.output if o.name in removed_outputs]:
