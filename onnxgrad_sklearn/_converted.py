@@ -61,6 +61,11 @@ class ConvertedTemplate:
         ``"float32"`` or ``"float64"``.
     input_width : int
         Number of columns of the input ``X``.
+    training : dict or None
+        For a model with Dropout or BatchNormalization in training mode: its training
+        graph's skeleton (``"skeleton"``), its dropout masks (``"masks"``: input, node,
+        ratio, shape, dtype) and running statistics (``"statistics"``: initializer,
+        output of its updated value); None otherwise.
     key : str or None
         The key of the conversion's artifact (:mod:`onnxgrad_sklearn.artifacts`);
         None where the template's structure has none (it is converted at each fit).
@@ -76,6 +81,7 @@ class ConvertedTemplate:
     float_type: str
     input_width: int
     key: str | None = None
+    training: dict | None = None
 
     def __setattr__(self, name, value):
         if name in ("skeleton", "values", "initializer_names"):
@@ -129,6 +135,20 @@ class ConvertedTemplate:
         """The values of the initializers ``names`` (the arrays kept, not copies)."""
         index = {name: k for k, name in enumerate(self.initializer_names)}
         return [self.values[index[name]] for name in names]
+
+    def training_model(self, values=None) -> onnx.ModelProto:
+        """The training-mode graph (Dropout and BatchNormalization in training mode,
+        :attr:`training`), its parameters holding ``values`` (default: :attr:`values`)."""
+        model = onnx.load_from_string(self.training["skeleton"])
+        names = set(self.initializer_names)
+        for init in model.graph.initializer:
+            if init.name in names:
+                init.ClearField("external_data")
+                init.ClearField("data_location")
+        values = self.values if values is None else values
+        given = [(n, v) for n, v in zip(self.initializer_names, values) if v is not None]
+        set_values(model, [n for n, _ in given], [v for _, v in given])
+        return model
 
     def with_values(self, values) -> onnx.ModelProto:
         """Return the graph as a new model whose parameter initializers hold ``values``.

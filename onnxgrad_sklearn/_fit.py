@@ -201,6 +201,8 @@ class Fit:
         the stopping rule and the schedule applied (a callback may stop the fit there).
         """
         engine, task, incremental = self.engine, self.task, self.incremental
+        if engine.has_masks:  # dropout masks drawn from the fit's random state alone
+            engine.seed_masks(int(self._random_state.randint(np.iinfo(np.int32).max)))
         self.rows.start_epochs(self, self.loss, engine)  # where the rows are: its set-up
         early_stopping = self.early_stopping and not incremental
         # a callback may ask for a held-out split of its own (EarlyStopping)

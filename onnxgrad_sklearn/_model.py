@@ -150,10 +150,11 @@ def check_weights_stored(est, what):
         )
 
 
-def store_weights(est, trained, sessions=True):
+def store_weights(est, trained, sessions=True, statistics=None):
     """Store the trained weights ``trained`` into the converted graph and ``estimator_``,
     then make the exported model and (with ``sessions``) the inference sessions: a
-    callback's ``fitted_estimator`` leaves them to its first prediction."""
+    callback's ``fitted_estimator`` leaves them to its first prediction. ``statistics``:
+    the running statistics of BatchNormalization trained in training mode, by name."""
     # No session of the previous model is left when the new one is made (a copy of
     # the weights each); predict makes them again should this not reach its end.
     est._session = est._logit_session = None
@@ -162,6 +163,9 @@ def store_weights(est, trained, sessions=True):
     values = conv.initializer_values(skip=set(indices))
     for k, w in zip(indices, trained):
         values[k] = w
+    for k, name in enumerate(conv.initializer_names):
+        if statistics and name in statistics:
+            values[k] = statistics[name]
     conv.values = values  # the ONNX model is made from them when asked for
     final = final_estimator(est.estimator_)
     conv.write_back(final, values)

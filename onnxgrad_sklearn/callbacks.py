@@ -710,6 +710,21 @@ class Checkpoint:
         optimizer["state"] = [
             [arrays[f"state_{i}_{j}"] for j in range(n)] for i, n in enumerate(counts)
         ]
+        mode = optimizer.pop("training_mode", None)
+        if mode is not None:  # BatchNormalization's statistics, Dropout's random state
+            rng = mode["mask_random_state"]
+            optimizer["training_mode"] = {
+                "statistics": {
+                    name: arrays[f"statistic_{k}"] for k, name in enumerate(mode["statistics"])
+                },
+                "mask_random_state": (
+                    rng["name"],
+                    arrays["mask_random_state_key"],
+                    rng["pos"],
+                    rng["has_gauss"],
+                    rng["cached_gaussian"],
+                ),
+            }
         best = None
         if meta["n_best"] is not None:
             best = [arrays[f"best_{i}"] for i in range(meta["n_best"])]
@@ -762,6 +777,21 @@ class Checkpoint:
         for i, row in enumerate(optimizer["state"]):
             for j, value in enumerate(row):
                 arrays[f"state_{i}_{j}"] = np.asarray(value)
+        mode = optimizer.get("training_mode")
+        if mode is not None:
+            for k, value in enumerate(mode["statistics"].values()):
+                arrays[f"statistic_{k}"] = np.asarray(value)
+            rng_name, rng_key, rng_pos, rng_gauss, rng_cached = mode["mask_random_state"]
+            arrays["mask_random_state_key"] = rng_key
+            mode = {
+                "statistics": list(mode["statistics"]),
+                "mask_random_state": {
+                    "name": rng_name,
+                    "pos": int(rng_pos),
+                    "has_gauss": int(rng_gauss),
+                    "cached_gaussian": float(rng_cached),
+                },
+            }
         best = state.best_weights
         for i, w in enumerate(best or ()):
             arrays[f"best_{i}"] = w
@@ -787,6 +817,7 @@ class Checkpoint:
                 "state_names": list(optimizer["state_names"]),
                 "weight_names": list(optimizer["weight_names"]),
                 "counts": [len(row) for row in optimizer["state"]],
+                **({} if mode is None else {"training_mode": mode}),
             },
             "random_state": {
                 "name": name,

@@ -86,8 +86,10 @@ def build_training_graph(
     l1_ratio: float = 0.0,
     penalized: Sequence[str] = (),
     loss_input=None,
+    keep_outputs=(),
 ) -> onnx.ModelProto:
-    """Return ``model`` extended with the loss and penalty as its only output.
+    """Return ``model`` extended with the loss and penalty as its only output (with
+    ``keep_outputs``, those outputs of ``model`` after it).
 
     The new graph has the inputs of ``model`` plus ``y_true``
     (``(n_samples, n_outputs)``) and ``sample_weight`` (``(n_samples,)``), of the
@@ -137,7 +139,7 @@ def build_training_graph(
     if coefficients:
         total = g.add(total, g.div(_penalty(g, coefficients, penalized), sw_sum))
     g.identity(total, LOSS)
-    out = _with_loss_part(model, g, coefficients)
+    out = _with_loss_part(model, g, coefficients, keep_outputs)
     # With every shape of the loss part known (no Reshape to -1, the width of y_true
     # given), the gradient builder resolves its broadcasting at build time too.
     renamed, shapes = _drop_noop_reshapes(out)
@@ -149,9 +151,34 @@ def build_training_graph(
     _check_per_sample_shape(loss, shapes.get(per_sample))
     width = loss.target_width or shapes.get(pred, [None])[-1]
     if isinstance(width, int):
-        y_true = len(out.graph.input) - 2 - len(coefficients)
-        out.graph.input[y_true].type.tensor_type.shape.dim[1].dim_value = width
+        y_true = next(i for i in out.graph.input if i.name == Y_TRUE)
+        y_true.type.tensor_type.shape.dim[1].dim_value = width
     return out
+
+
+def _training_mode_graphs(
+    converted, graph, output_name, n_outputs, loss, alpha, l1_ratio, penalized, loss_input
+):
+    """The training graph of a model with Dropout or BatchNormalization in training mode,
+    and its inference graph, each with the running statistics as inputs; the training
+    graph also outputs their updated values, and says what its masks and statistics are
+    in its metadata (:data:`~onnxgrad_sklearn.backends.training_mode.METADATA_KEY`)."""
+    import json
+
+    from ._passes import initializers_as_inputs
+    from .backends.training_mode import METADATA_KEY
+
+    mode = converted.training
+    stats = [s[0] for s in mode["statistics"]]
+    built = build_training_graph(
+        converted.training_model(), output_name, n_outputs, loss, alpha, l1_ratio, penalized,
+        loss_input, keep_outputs=[s[1] for s in mode["statistics"]],
+    )  # fmt: skip
+    built = initializers_as_inputs(built, stats)
+    meta = {k: mode[k] for k in ("masks", "statistics")}
+    entry = built.metadata_props.add()
+    entry.key, entry.value = METADATA_KEY, json.dumps(meta)
+    return built, initializers_as_inputs(graph, stats)
 
 
 def _penalty(g, coefficients, penalized) -> str:
@@ -174,9 +201,11 @@ def _penalty(g, coefficients, penalized) -> str:
     return terms[0] if len(terms) == 1 else g.add(*terms)
 
 
-def _with_loss_part(model, g, coefficients) -> onnx.ModelProto:
+def _with_loss_part(model, g, coefficients, keep_outputs=()) -> onnx.ModelProto:
     """A copy of ``model`` with the nodes of ``g`` appended, the inputs ``y_true``,
-    ``sample_weight`` and the penalty's coefficients, and ``loss`` as its one output."""
+    ``sample_weight`` (unless ``model`` has it: a BatchNormalization's rows in training
+    mode) and the penalty's coefficients, and ``loss`` as its output (then
+    ``keep_outputs``)."""
     from ._graph import tensor_info
 
     out = onnx.ModelProto()
@@ -191,15 +220,16 @@ def _with_loss_part(model, g, coefficients) -> onnx.ModelProto:
         dims = value.type.tensor_type.shape.dim
         if len(dims) and not dims[0].HasField("dim_value"):
             dims[0].dim_param = BATCH
+    declared = {value.name for value in graph.input}
     graph.input.extend(
-        [
-            tensor_info(Y_TRUE, [BATCH, None], g.elem_type),
-            tensor_info(SAMPLE_WEIGHT, [BATCH], g.elem_type),
-        ]
+        [tensor_info(Y_TRUE, [BATCH, None], g.elem_type)]
+        + ([] if SAMPLE_WEIGHT in declared else [tensor_info(SAMPLE_WEIGHT, [BATCH], g.elem_type)])
         + [tensor_info(name, [], g.elem_type) for name in coefficients]
     )
+    kept = [o for name in keep_outputs for o in graph.output if o.name == name]
     del graph.output[:]
     graph.output.append(tensor_info(LOSS, [], g.elem_type))
+    graph.output.extend(kept)
     return out
 
 
@@ -467,12 +497,21 @@ class TrainingEngine:
         if parts[0] is not None and (loss_input is None or loss_input_key is not None):
             key = artifacts.stable_key("plan", parts)
 
+        training_mode = getattr(converted, "training", None)
+
         def training_graph():
             graph = converted.model if converted is not None else model
-            built = build_training_graph(
-                graph, output_name, n_outputs, loss, alpha, l1_ratio, penalized, loss_input
-            )
-            return built, graph
+            if not training_mode:
+                built = build_training_graph(
+                    graph, output_name, n_outputs, loss, alpha, l1_ratio, penalized, loss_input
+                )
+                return built, graph
+            # Dropout and BatchNormalization in training mode: the running statistics
+            # are inputs (the step reads them) and outputs (it writes their new values)
+            return _training_mode_graphs(
+                converted, graph, output_name, n_outputs, loss, alpha, l1_ratio, penalized,
+                loss_input,
+            )  # fmt: skip
 
         plan = self.plan = self._plan(key, training_graph, backend)
         self.backend = plan.backend
@@ -491,6 +530,10 @@ class TrainingEngine:
         if self.backend == "standard":
             # a short batch may be padded with rows of weight 0 when rows do not mix
             self._backend.pad_batches = bool(getattr(loss, "rowwise", True))
+
+        if self.backend == "standard" and training_mode:
+            stats = [s[0] for s in training_mode["statistics"]]
+            self._backend.run_state(training_mode, converted.named_values(stats))
 
     def _plan(self, key, training_graph, backend):
         """The plan of ``key`` found again, or built from ``training_graph()`` (the
@@ -576,6 +619,22 @@ class TrainingEngine:
     def is_finite(self, X: np.ndarray, y: np.ndarray, sample_weight: np.ndarray) -> bool:
         """Return whether every weight, and the loss on a batch, are finite."""
         return self._backend.is_finite(X, y, sample_weight)
+
+    @property
+    def has_masks(self) -> bool:
+        """Whether the model has Dropout in training mode (masks drawn at each step)."""
+        state = getattr(self._backend, "_run_state", None)
+        return state is not None and bool(state.masks)
+
+    def seed_masks(self, seed: int) -> None:
+        """Draw the next dropout masks from ``numpy.random.RandomState(seed)``."""
+        self._backend._run_state.seed(seed)
+
+    def statistics(self) -> dict:
+        """The running statistics of BatchNormalization in training mode, by name
+        (empty for other models)."""
+        found = getattr(self._backend, "statistics", None)
+        return {} if found is None else found()
 
     def get_weights(self) -> list[np.ndarray]:
         """Return copies of the current weights."""

@@ -558,7 +558,12 @@ class OnnxFamily(Family):
         a classifier the view that outputs the logits."""
         spec = est.spec()
         inits = {i.name: i for i in est.load().graph.initializer}
-        est.weights_ = {name: numpy_helper.to_array(inits[name]).copy() for name in spec.trainable}
+        from .backends.training_mode import training_nodes
+
+        kept = list(spec.trainable)
+        for node in training_nodes(est.load())[1]:  # the running statistics, updated too
+            kept += [n for n in node.input[3:5] if n in inits and n not in kept]
+        est.weights_ = {name: numpy_helper.to_array(inits[name]).copy() for name in kept}
         if task == "classification" and spec.logits != spec.output:
             view = OnnxTemplate(
                 est.model, trainable=est.trainable, frozen=est.frozen, output=est.output
@@ -569,27 +574,57 @@ class OnnxFamily(Family):
             est._logit_view = view
 
     def convert(self, est, n_features, dtype):
-        """The :class:`~onnxgrad_sklearn.templates.ConvertedTemplate` of ``est``: its
-        graph, the trainable initializers located by name (no conversion)."""
+        """The :class:`~onnxgrad_sklearn._converted.ConvertedTemplate` of ``est``: its
+        graph, the trainable initializers located by name (no conversion).
+
+        A model with Dropout or BatchNormalization in training mode has two graphs: the
+        inference graph (predictions, the export: Dropout as Identity, the running
+        statistics) and the training graph
+        (:func:`~onnxgrad_sklearn.backends.training_mode.training_mode`: masks drawn at
+        each step, batch statistics), kept in ``converted.training``; the running
+        statistics are parameters not trained by gradient (the training graph's outputs
+        update them).
+        """
         from ._converted import ConvertedTemplate, split_model
+        from .backends.training_mode import (
+            describe,
+            inference_mode,
+            training_mode,
+            training_nodes,
+        )
 
         spec = est.spec()
         model = onnx.ModelProto()
         model.CopyFrom(est.load())
         if np.dtype(dtype) != spec.float_type:  # dtype="float64" on a float32 model...
             cast_float_type(model, np.dtype(dtype))
-            _check_kernels(model, dtype)
-        output = getattr(est, "_trained_output", None)
-        if output is not None:  # a classifier's logits: the graph up to them
-            _keep_one_output(model, output, spec.float_type)
-        else:
-            output = spec.output
+            _check_kernels(inference_mode(model), dtype)
         _batch_symbol(model, spec.input)
+        output = getattr(est, "_trained_output", None)
+        dropouts, batchnorms = training_nodes(model)
         names = list(spec.trainable)
         params = self.params(est)
+        training = None
+        if dropouts or batchnorms:
+            mode = training_mode(model)
+            statistics = [s.initializer for s in mode.statistics]
+            names += statistics
+            params += [ParamRef("weights_", n, False, trainable=False) for n in statistics]
+            kept = [output or spec.output, *(s.output for s in mode.statistics)]
+            _keep_outputs(mode.model, kept, dtype)
+            training = {
+                "skeleton": split_model(mode.model, names, read_values=False)["skeleton"],
+                **describe(mode.masks, mode.statistics),
+            }
+            model = inference_mode(model)
+        if output is not None:  # a classifier's logits: the graph up to them
+            _keep_outputs(model, [output], dtype)
+        else:
+            output = spec.output
         fields = split_model(model, names, read_values=False)
         fields["input_width"] = spec.input_shape[0] if len(spec.input_shape) == 1 else 0
-        digest = hashlib.sha256(fields["skeleton"]).hexdigest()
+        parts = [fields["skeleton"]] + ([] if training is None else [training["skeleton"]])
+        digest = hashlib.sha256(b"".join(parts)).hexdigest()
         from . import artifacts
 
         converted = ConvertedTemplate(
@@ -598,6 +633,7 @@ class OnnxFamily(Family):
             layouts=["reshape"] * len(names),
             output_name=output,
             key=artifacts.stable_key("onnx-template", (digest, names, output)),
+            training=training,
             **fields,
         )
         converted.values = converted.values_from(est)
@@ -666,21 +702,22 @@ def _check_kernels(model, dtype) -> None:
         ) from None
 
 
-def _keep_one_output(model, output, dtype) -> None:
-    """Make ``output`` the model's only output (a node's output promoted if needed)."""
-    graph = model.graph
-    found = [o for o in graph.output if o.name == output]
-    del graph.output[:]
-    if found:
-        graph.output.append(found[0])
-        return
-    info = next((v for v in graph.value_info if v.name == output), None)
-    if info is None:
-        elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
-        info = onnx.helper.make_tensor_value_info(output, elem, None)
-    graph.output.append(info)
+def _keep_outputs(model, outputs, dtype) -> None:
+    """Make ``outputs`` the model's only outputs (nodes' outputs promoted where needed),
+    and remove the nodes they do not need."""
     from ._passes import prune
 
+    graph = model.graph
+    known = {v.name: v for v in [*graph.value_info, *graph.output]}
+    elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    kept = []
+    for name in outputs:
+        info = known.get(name)
+        kept.append(
+            info if info is not None else onnx.helper.make_tensor_value_info(name, elem, None)
+        )
+    del graph.output[:]
+    graph.output.extend(kept)
     prune(model)
 
 

@@ -349,3 +349,167 @@ def test_binary_classifier_with_two_logits():
     proba = clf.predict_proba(X)
     assert proba.shape == (100, 2)
     assert clf.score(X, y) > 0.9
+
+
+# training mode: BatchNormalization and Dropout ----------------------------------------
+def _bn_dropout_net(torch, ratio=0.5, seed=0):
+    from _torch_models import distinct_
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(seed)
+            self.l1 = torch.nn.Linear(10, 16)
+            self.bn = torch.nn.BatchNorm1d(16)
+            self.dr = torch.nn.Dropout(ratio)
+            self.l2 = torch.nn.Linear(16, 1)
+
+        def forward(self, x):
+            return self.l2(self.dr(torch.relu(self.bn(self.l1(x)))))
+
+    return distinct_(Net(), seed)
+
+
+def _training_export(torch, module, example):
+    """The training-mode export of a copy (exporting runs the model, which moves its
+    running statistics), and the module given the exported values."""
+    from _torch_models import export
+
+    model = export(copy.deepcopy(module).train(), example, training=True)
+    weights = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    with torch.no_grad():
+        for name, p in [*module.named_parameters(), *module.named_buffers()]:
+            if name in weights:
+                p.copy_(torch.as_tensor(weights[name]))
+    return model
+
+
+def test_batchnorm_in_training_mode_equals_torch():
+    torch = pytest.importorskip("torch")
+    from _torch_models import SmallCNN, distinct_, train_sgd
+
+    X, y = load_digits(return_X_y=True)
+    X = (X[:256] / 16.0).astype(np.float32).reshape(-1, 1, 8, 8)
+    y = y[:256] % 3
+    module = distinct_(SmallCNN(n_classes=3))
+    model = _training_export(torch, module, torch.zeros(2, 1, 8, 8))
+    assert any(n.op_type == "BatchNormalization" and len(n.output) > 1 for n in model.graph.node), (
+        "a training-mode export"
+    )
+    clf = OrtGradientClassifier(
+        OnnxTemplate(model), optimizer="sgd", learning_rate_init=0.1, batch_size=32,
+        shuffle=False, max_iter=1,
+    )  # fmt: skip
+    clf.fit(X, y)
+    assert clf.backend_ == "standard"
+    module.train()
+    expected = train_sgd(module, X, torch.as_tensor(y), "log_loss", 0.1, 32)
+    trained = clf.estimator_.weights_
+    for name, value in expected.items():
+        np.testing.assert_allclose(trained[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
+    np.testing.assert_allclose(
+        trained["bn.running_mean"], module.bn.running_mean.numpy(), rtol=1e-4, atol=1e-6
+    )
+    # ONNX updates with the population variance, torch with the sample variance
+    np.testing.assert_allclose(
+        trained["bn.running_var"], module.bn.running_var.numpy(), rtol=1e-3, atol=1e-6
+    )
+    module.eval()
+    with torch.no_grad():
+        proba = torch.softmax(module(torch.as_tensor(X[:40])), dim=1).numpy()
+    np.testing.assert_allclose(clf.predict_proba(X[:40]), proba, atol=1e-3)
+    # the export: inference mode, holding the updated running statistics
+    out = clf.to_onnx()
+    assert all(len(n.output) == 1 for n in out.graph.node if n.op_type == "BatchNormalization")
+    exported = {i.name: numpy_helper.to_array(i) for i in out.graph.initializer}
+    np.testing.assert_array_equal(exported["bn.running_mean"], trained["bn.running_mean"])
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(out.SerializeToString())
+    np.testing.assert_allclose(
+        session.run(None, {"x": X[:40]})[0], module(torch.as_tensor(X[:40])).detach().numpy(),
+        atol=1e-3,
+    )  # fmt: skip
+
+
+def test_batch_statistics_exclude_the_padding_rows():
+    torch = pytest.importorskip("torch")
+    module = _bn_dropout_net(torch, ratio=0.0)
+    model = _training_export(torch, module, torch.zeros(4, 10))
+    X, y = _diabetes()
+    X, y = X[:72], y[:72]  # batches of 32, 32 and 8 (padded to 32 with rows of weight 0)
+    reg = OrtGradientRegressor(
+        OnnxTemplate(model), optimizer="sgd", learning_rate_init=0.05, batch_size=32,
+        shuffle=False, max_iter=1,
+    )  # fmt: skip
+    reg.fit(X, y)
+    from _torch_models import train_sgd
+
+    module.train()
+    expected = train_sgd(module, X, y, "squared_error", 0.05, 32)
+    for name, value in expected.items():
+        np.testing.assert_allclose(reg.estimator_.weights_[name], value, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(
+        reg.estimator_.weights_["bn.running_mean"], module.bn.running_mean.numpy(), rtol=1e-4,
+        atol=1e-6,
+    )  # fmt: skip
+
+
+def test_dropout_masks_follow_random_state():
+    torch = pytest.importorskip("torch")
+    model = _training_export(torch, _bn_dropout_net(torch, ratio=0.5), torch.zeros(4, 10))
+    X, y = _diabetes()
+
+    def fit(seed, m=model):
+        return OrtGradientRegressor(OnnxTemplate(m), max_iter=5, random_state=seed).fit(X, y)
+
+    first, again, other = fit(0), fit(0), fit(1)
+    assert first.loss_curve_ == again.loss_curve_
+    for name, value in first.estimator_.weights_.items():
+        np.testing.assert_array_equal(value, again.estimator_.weights_[name])
+    assert first.loss_curve_ != other.loss_curve_
+    # predictions run Dropout in inference mode: deterministic
+    np.testing.assert_array_equal(first.predict(X), first.predict(X))
+    assert "Dropout" not in {n.op_type for n in first.to_onnx().graph.node}
+    # dropping half of the units raises the training loss
+    plain = _training_export(torch, _bn_dropout_net(torch, ratio=0.0), torch.zeros(4, 10))
+    assert first.loss_curve_[-1] > fit(0, plain).loss_curve_[-1]
+
+
+def test_training_mode_refusals():
+    torch = pytest.importorskip("torch")
+    model = _training_export(torch, _bn_dropout_net(torch), torch.zeros(4, 10))
+    X, y = _diabetes()
+    with pytest.raises(ValueError, match="backend='agent' cannot train Dropout"):
+        OrtGradientRegressor(OnnxTemplate(model), backend="agent").fit(X, y)
+    reg = OrtGradientRegressor(OnnxTemplate(model), optimizer="lbfgs")
+    with pytest.raises(ValueError, match="all the rows at once"):
+        reg.fit(X, y)
+    assert not hasattr(reg, "estimator_")
+
+
+def test_checkpoint_carries_statistics_and_masks(tmp_path):
+    torch = pytest.importorskip("torch")
+    from onnxgrad_sklearn.callbacks import Checkpoint
+
+    model = _training_export(torch, _bn_dropout_net(torch), torch.zeros(4, 10))
+    X, y = _diabetes()
+    whole = OrtGradientRegressor(OnnxTemplate(model), max_iter=4, random_state=0).fit(X, y)
+    from _helpers import QuietCallback
+
+    class Stop(QuietCallback):
+        def on_fit_task_end(self, estimator, context):
+            if context.task_name == "epoch" and estimator.n_iter_ == 2:
+                raise KeyboardInterrupt
+            return False
+
+    first = OrtGradientRegressor(OnnxTemplate(model), max_iter=4, random_state=0)
+    first.set_callbacks(Checkpoint(tmp_path / "fit.ckpt"), Stop())
+    with pytest.raises(KeyboardInterrupt):
+        first.fit(X, y)
+    resumed = OrtGradientRegressor(OnnxTemplate(model), max_iter=4, random_state=0)
+    resumed.set_callbacks(Checkpoint(tmp_path / "fit.ckpt"))
+    resumed.fit(X, y)
+    assert resumed.loss_curve_ == whole.loss_curve_
+    for name, value in whole.estimator_.weights_.items():
+        np.testing.assert_array_equal(resumed.estimator_.weights_[name], value, err_msg=name)

@@ -227,6 +227,16 @@ def _choose(backend, training, weight_names, device) -> tuple[str, str | None]:
     check_backend(backend, device, np.float64 if double else np.float32)
     if backend == "standard":
         return backend, None
+    from .training_mode import METADATA_KEY
+
+    if any(p.key == METADATA_KEY for p in training.metadata_props):
+        if backend == "agent":
+            raise ValueError(
+                "backend='agent' cannot train Dropout or BatchNormalization in training "
+                "mode (fresh masks and batch statistics at each step): use "
+                "backend='standard' (or 'auto', which picks it for these models)."
+            )
+        return "standard", "backend: standard (Dropout or BatchNormalization in training mode)"
     if double:
         return "standard", "backend: standard (the training graph is float64)"
     unsupported = agent_unsupported_ops(training, weight_names)

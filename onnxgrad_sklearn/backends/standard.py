@@ -34,7 +34,7 @@ import numpy as np
 
 from .. import artifacts
 from .._lazy import lazy
-from .._names import BATCH, LOSS, PENALTY_INPUTS, TARGETS, Y_TRUE
+from .._names import BATCH, LOSS, PENALTY_INPUTS, SAMPLE_WEIGHT, TARGETS, Y_TRUE
 from ..runtime import (
     LARGE_MODEL,
     bindings,
@@ -223,6 +223,7 @@ def step_graph(
     targets: int | None = None,
     pads=None,
     guard: bool = False,
+    forward_outputs=(),
 ) -> tuple[onnx.ModelProto, bool]:
     """Return the fused training step for one batch size, and whether it updates flat vectors.
 
@@ -238,6 +239,9 @@ def step_graph(
 
     ``guard=True``: the backward pass and the update run only after a finite loss
     (:func:`guard_update`), with an input ``update/kept_<x>`` per output.
+
+    ``forward_outputs``: outputs of the training graph the step also gives (the running
+    statistics of a BatchNormalization in training mode), computed by the forward pass.
 
     Built at each call (onnx-ad and the passes): :class:`StandardBackend` keeps what
     it builds as a training artifact.
@@ -260,7 +264,8 @@ def step_graph(
     else:
         update = optimizer.build_update_model(layout, flat=flat, dtype=dtype)
     grad = gradient_graph(graph, weight_names, batch, targets)
-    adjoints = [o.name for o in grad.graph.output[1:]]
+    kept = [o for o in grad.graph.output[1:] if o.name in set(forward_outputs)]
+    adjoints = [o.name for o in grad.graph.output[1:] if o.name not in set(forward_outputs)]
     del grad.graph.output[1:]
     if padded:
         sources = []
@@ -288,9 +293,10 @@ def step_graph(
             connect[f"grad_{i}"] = f"{a}_w"
             connect[f"param_{i}"] = weight_names[i]
     merge_update(grad, update, connect, prefix=UPDATE)
+    grad.graph.output.extend(kept)
     _simplify(grad)
     if guard:
-        guard_update(grad)
+        guard_update(grad, forward_outputs)
     return grad, flat
 
 
@@ -304,7 +310,7 @@ def kept_name(output: str) -> str:
     return output.replace(UPDATE + "new_", UPDATE + "kept_", 1)
 
 
-def guard_update(model: onnx.ModelProto) -> None:
+def guard_update(model: onnx.ModelProto, forward_outputs=()) -> None:
     """Apply the update only when the loss is finite, in place (an ``If`` on the loss).
 
     The nodes the loss does not need (the backward pass and the update) move
@@ -320,10 +326,10 @@ def guard_update(model: onnx.ModelProto) -> None:
     from .._passes import needed_nodes
 
     graph = model.graph
-    targets = [o for o in graph.output if o.name != LOSS]
+    targets = [o for o in graph.output if o.name != LOSS and o.name not in forward_outputs]
     names = {o.name for o in targets}
     # everything the loss does not need (the backward pass and the update) moves
-    for_loss, _ = needed_nodes(graph, [LOSS])
+    for_loss, _ = needed_nodes(graph, [LOSS, *forward_outputs])
     inside = [n for n, keep in zip(graph.node, for_loss) if not keep]
     outside = [n for n, keep in zip(graph.node, for_loss) if keep]
     renamed = {name: name + "_finite" for name in names}
@@ -475,6 +481,8 @@ class StandardBackend(Backend):
         self._previous = None
         # the graph's inputs a fit gives once (the penalty's coefficients), as views
         self._constants = {n: ortvalue_view(v) for n, v in self.constants.items()}
+        #: Dropout masks and running statistics of a training-mode graph (run_state)
+        self._run_state = None
         self.reset_optimizer()
 
     @classmethod
@@ -504,17 +512,41 @@ class StandardBackend(Backend):
         for info in inputs.graph.input:
             if info.name == Y_TRUE:
                 info.type.tensor_type.shape.dim[1].dim_param = TARGETS
+        import json
+
+        from .training_mode import METADATA_KEY
+
+        mode = {p.key: json.loads(p.value) for p in inputs.metadata_props}.get(METADATA_KEY)
+        # the masks and running statistics a training-mode graph reads are not the batch's
+        other = set() if mode is None else {m[0] for m in mode["masks"]}
+        other |= set() if mode is None else {s[0] for s in mode["statistics"]}
         weights = set(weight_names)
-        batch_names = [
+        names = [
             i.name
             for i in inputs.graph.input
-            if i.name not in weights and i.name not in _constant_names(inputs)
+            if i.name not in weights
+            and i.name not in _constant_names(inputs)
+            and i.name not in other
         ]
+        # X first, then y_true and sample_weight (a training-mode graph declares its
+        # sample_weight before y_true)
+        batch_names = [n for n in names if n not in (Y_TRUE, SAMPLE_WEIGHT)]
+        batch_names += [n for n in (Y_TRUE, SAMPLE_WEIGHT) if n in names]
         meta = {
             "batch_names": batch_names,
             "warning": zero_derivative_warning(training, weight_names),
         }
+        if mode is not None:
+            meta["training_mode"] = mode
         return {}, meta
+
+    def run_state(self, meta: dict, start) -> None:
+        """Train a graph with Dropout or BatchNormalization in training mode: its masks
+        and running statistics (:class:`~onnxgrad_sklearn.backends.training_mode.RunState`;
+        ``start``: the statistics' values)."""
+        from .training_mode import RunState
+
+        self._run_state = RunState.from_meta(meta, start)
 
     @property
     def training_model(self) -> onnx.ModelProto:
@@ -556,14 +588,18 @@ class StandardBackend(Backend):
             self._buffers.write(1 + k, [st[k] for st in per_weight])
 
     def checkpoint(self):
-        """Return a copy of the current weights and optimizer state (host memory)."""
-        return self._buffers.copy(), None, self.step
+        """Return a copy of the current weights and optimizer state (host memory), and
+        of a training-mode graph's running statistics and masks' random state."""
+        kept = None if self._run_state is None else self._run_state.get()
+        return self._buffers.copy(), kept, self.step
 
     def restore(self, checkpoint) -> None:
-        vectors, _, step = checkpoint
+        vectors, kept, step = checkpoint
         self.step = step
         self._previous = None
         self._buffers.load(vectors)
+        if kept is not None and self._run_state is not None:
+            self._run_state.set(kept)
 
     def release_sessions(self) -> None:
         """Free the sessions of a model of :data:`TWO_SETS_FROM` weights or more.
@@ -585,6 +621,8 @@ class StandardBackend(Backend):
         previous, self._previous = self._previous, None
         if previous is not None:
             self._buffers.current, self.step = previous  # that set is untouched since
+            if self._run_state is not None:
+                self._run_state.undo()
 
     def set_weights(self, arrays) -> None:
         self._previous = None
@@ -631,6 +669,9 @@ class StandardBackend(Backend):
             targets,
             pads=self._buffers.pads,
             guard=self.guarded,
+            forward_outputs=[s.output for s in self._run_state.statistics]
+            if self._run_state
+            else (),
         )
         logger.debug(
             "standard backend: step graph for batch %d, %d nodes", batch, len(model.graph.node)
@@ -739,6 +780,11 @@ class StandardBackend(Backend):
         views = {name: ortvalue_view(np.ascontiguousarray(a)) for name, a in arrays.items()}
         inputs = {i.name for i in session.get_inputs()}
         views.update((n, v) for n, v in self._constants.items() if n in inputs)
+        if self._run_state is not None:  # no dropout, the current running statistics
+            batch = next(iter(arrays.values())).shape[0]
+            feeds = self._run_state.step_inputs(batch, train=False)
+            kept = [v for n, v in feeds.items() if n in inputs]  # alive until the run returns
+            views.update((n, ortvalue_view(v)) for n, v in feeds.items() if n in inputs)
         for name, value in views.items():
             binding.bind_ortvalue_input(name, value)
         for i, name in enumerate(self.weight_names):
@@ -746,6 +792,7 @@ class StandardBackend(Backend):
         for name in output_names:
             binding.bind_output(name, self._cpu)
         self._run(session, binding)
+        kept = None  # noqa: F841  (the run state's arrays were alive until here)
         return [value.numpy().copy() for value in binding.get_outputs()]
 
     # passes ------------------------------------------------------------------
@@ -806,14 +853,53 @@ class StandardBackend(Backend):
         else:
             for name, value in self._batch_feeds(run, arrays).items():
                 run.binding.bind_ortvalue_input(name, value)
+        state = self._run_state
+        if state is not None:  # fresh masks, the statistics read and written
+            alive = self._bind_run_state(run.binding, state, X.shape[0])
         self._run(run.session, run.binding)
         loss = float(self._loss_array)
         if not np.isfinite(loss):
             return loss  # the set undo goes back to is as it was (kept, or not written)
+        if state is not None:
+            del alive
+            state.commit()
         # one assignment, no call between its parts: a KeyboardInterrupt (raised at a
         # call) finds the step applied or not
         self._previous, self.step, b.current = (b.current, self.step), self.step + 1, target
         return loss
+
+    def _bind_run_state(self, binding, state, batch: int, train: bool = True) -> list:
+        """Bind a training-mode graph's masks and statistics (CPU inputs, copied to the
+        device when bound); return the arrays and views bound, to keep alive until the run
+        returns (a view does not hold its array)."""
+        alive = []
+        outputs = state.step_outputs() if train else {}
+        for name, value in state.step_inputs(batch, train).items():
+            view = ortvalue_view(value)
+            alive.extend((value, view))
+            binding.bind_ortvalue_input(name, view)
+        for name, value in outputs.items():
+            view = ortvalue_view(value)
+            alive.extend((value, view))
+            binding.bind_ortvalue_output(name, view)
+        return alive
+
+    def get_state(self) -> dict:
+        state = super().get_state()
+        if self._run_state is not None:
+            state["training_mode"] = self._run_state.get()
+        return state
+
+    def set_state(self, saved: dict) -> None:
+        super().set_state(saved)
+        if self._run_state is not None and saved.get("training_mode") is not None:
+            self._run_state.set(saved["training_mode"])
+
+    def statistics(self) -> dict:
+        """A training-mode graph's current running statistics by initializer name."""
+        if self._run_state is None:
+            return {}
+        return self._run_state.get()["statistics"]
 
     def _batch_feeds(self, run, arrays):
         """The batch inputs ``run`` must bind (CPU): none when it reads these very buffers.

@@ -38,9 +38,12 @@ from onnx import TensorProto, helper, numpy_helper
 from .._names import BATCH, SAMPLE_WEIGHT
 
 __all__ = [
+    "METADATA_KEY",
     "DropoutMask",
+    "RunState",
     "RunningStatistic",
     "TrainingMode",
+    "describe",
     "draw_masks",
     "inference_mode",
     "keep_outputs",
@@ -869,3 +872,107 @@ def keep_outputs(gradient_model: onnx.ModelProto, forward_model: onnx.ModelProto
         present.add(name)
         added += 1
     return added
+
+
+# ---------------------------------------------------------------------------
+# At run time
+
+#: The training graph's metadata key describing its training-mode inputs and outputs.
+METADATA_KEY = "onnxgrad_sklearn.training_mode"
+
+
+class RunState:
+    """What a training-mode graph reads and writes at each step besides the batch.
+
+    The dropout masks, drawn afresh for each step from a random state of their own
+    (:meth:`seed`, from the fit's ``random_state``), and the running statistics: the
+    values a step reads (:attr:`current`) and the values it writes (its outputs), which
+    become the current ones when the step is kept (:meth:`commit`); :meth:`undo` goes
+    back one step.
+
+    Parameters
+    ----------
+    masks : list of DropoutMask
+        The graph's mask inputs.
+    statistics : list of RunningStatistic
+        The running statistics: an input (the initializer's name) and an output each.
+    start : list of numpy.ndarray
+        The starting value of each statistic.
+    """
+
+    def __init__(self, masks, statistics, start):
+        self.masks = list(masks)
+        self.statistics = list(statistics)
+        self.current = [np.array(v, copy=True) for v in start]
+        self._next = [np.empty_like(v) for v in self.current]
+        self._previous = None
+        self.rng = np.random.RandomState(0)
+
+    @classmethod
+    def from_meta(cls, meta: dict, start) -> RunState:
+        """The state of a graph described by :func:`describe` (``start``: the statistics'
+        values)."""
+        masks = [
+            DropoutMask(m[0], m[1], float(m[2]), tuple(m[3]), np.dtype(m[4]))
+            for m in meta.get("masks", [])
+        ]
+        stats = [RunningStatistic(s[0], s[1]) for s in meta.get("statistics", [])]
+        return cls(masks, stats, start)
+
+    def seed(self, seed: int) -> None:
+        """Draw the next masks from ``RandomState(seed)``."""
+        self.rng = np.random.RandomState(seed)
+
+    def step_inputs(self, batch: int, train: bool = True) -> dict:
+        """The masks (fresh draws; all ones without ``train``) and the current
+        statistics, by input name."""
+        if train:
+            feeds = draw_masks(self.masks, batch, self.rng)
+        else:
+            feeds = {
+                m.input: np.ones((int(batch), *m.shape[1:]), dtype=m.dtype) for m in self.masks
+            }
+        feeds.update((s.initializer, v) for s, v in zip(self.statistics, self.current))
+        return feeds
+
+    def step_outputs(self) -> dict:
+        """The arrays a step writes its updated statistics into, by output name."""
+        return {s.output: v for s, v in zip(self.statistics, self._next)}
+
+    def commit(self) -> None:
+        """The step is kept: its statistics become the current ones."""
+        self._previous = self.current
+        self.current, self._next = self._next, [np.empty_like(v) for v in self._next]
+
+    def undo(self) -> None:
+        """Back to the statistics before the last kept step (once)."""
+        if self._previous is not None:
+            self.current, self._previous = self._previous, None
+
+    def get(self) -> dict:
+        """Copies of the statistics by initializer name, and the masks' random state."""
+        return {
+            "statistics": {s.initializer: v.copy() for s, v in zip(self.statistics, self.current)},
+            "mask_random_state": self.rng.get_state(),
+        }
+
+    def set(self, saved: dict) -> None:
+        """Restore what :meth:`get` returned."""
+        stats = saved.get("statistics", {})
+        self.current = [
+            np.array(stats.get(s.initializer, v), dtype=v.dtype, copy=True)
+            for s, v in zip(self.statistics, self.current)
+        ]
+        self._previous = None
+        if saved.get("mask_random_state") is not None:
+            self.rng.set_state(saved["mask_random_state"])
+
+
+def describe(masks, statistics) -> dict:
+    """The training graph's metadata (:data:`METADATA_KEY`) for its masks and statistics."""
+    return {
+        "masks": [
+            [m.input, m.node, float(m.ratio), list(m.shape), np.dtype(m.dtype).str] for m in masks
+        ],
+        "statistics": [[s.initializer, s.output] for s in statistics],
+    }
