@@ -259,9 +259,11 @@ def run_onnx(est, X, trained_graph=False):
     if "_raw_columns" in est.__dict__:  # fitted on a DataFrame's raw columns
         session = trained_session(est) if trained_graph else export_session(est)
         return run_raw(est, X, session, trained_graph)
-    spec = input_spec(final_estimator(est.estimator_))
+    spec = input_spec(est.estimator_)
     if spec is not None:  # an ONNX model: X of its input's rank and type
         X = validate_onnx_input(est, X, None, spec, False)[0]
+        if hasattr(est.estimator_, "steps"):  # the steps in front, run by scikit-learn
+            X = est.estimator_[:-1].transform(X)
         X = conform_input(X, spec, est._converted.dtype)
     else:
         X = validate_data(

@@ -62,6 +62,7 @@ def validate_fit_input(est, X, y, sample_weight, first_call, incremental, classe
     spec = input_spec(template)
     if spec is not None:  # an ONNX model: X of its input's rank and type
         X, y = validate_onnx_input(est, X, y, spec, first_call)
+        X = onnx_head_output(est, template, X, y, first_call)
         dtype = spec.float_type if dtype is None else dtype
         X = conform_input(X, spec, dtype)
     else:
@@ -95,6 +96,25 @@ def validate_fit_input(est, X, y, sample_weight, first_call, incremental, classe
     check_runtime(est, dtype)
     check_outputs(est, y2d, first_call)
     return X, y2d, sample_weight, fitted, loss, optimizer
+
+
+def onnx_head_output(est, template, X, y, first_call):
+    """``X`` through the steps of a Pipeline in front of an ONNX template (fitted here on
+    a first fit when they are not, and kept for ``initialize``), or ``X`` itself."""
+    if not hasattr(template, "steps"):
+        return X
+    if first_call:
+        head = copy.deepcopy(template[:-1])
+        Xt = head.fit_transform(X, y) if unfitted_head_steps(template) else head.transform(X)
+        est._fitted_head = head  # estimator_ is the Pipeline of these steps (initialize)
+        return Xt
+    return fitted_onnx_head(est).transform(X)
+
+
+def fitted_onnx_head(est):
+    """The fitted steps in front of an ONNX template: of this fit, or of the fitted model."""
+    head = est.__dict__.get("_fitted_head")
+    return est.estimator_[:-1] if head is None else head
 
 
 def check_runtime(est, dtype):
@@ -163,6 +183,8 @@ def validate_validation_data(est, validation, y2d, fitted, optimizer, X=None):
     spec = input_spec(est._template())
     if spec is not None:
         X_val = validate_onnx_input(est, X_val, None, spec, False, "X_val")[0]
+        if hasattr(est._template(), "steps"):
+            X_val = fitted_onnx_head(est).transform(X_val)
         X_val = conform_input(X_val, spec, y2d.dtype, "X_val")
     else:
         X_val = _validate_frame(est, X_val, y2d.dtype)

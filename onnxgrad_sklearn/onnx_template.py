@@ -193,6 +193,31 @@ class OnnxTemplate(BaseEstimator):
         self.__dict__["_spec"] = (key, spec)
         return spec
 
+    def predict(self, X):
+        """The model's prediction output on ``X``, run by onnxruntime as it is (its
+        :attr:`weights_` after a fit; Dropout and BatchNormalization in inference mode).
+
+        Parameters
+        ----------
+        X : array-like
+            The model's input, the batch first.
+
+        Returns
+        -------
+        numpy.ndarray
+            The output :attr:`output` (the first by default).
+        """
+        from .backends.training_mode import inference_mode
+        from .runtime import import_onnxruntime
+
+        spec = self.spec()
+        X = conform_input(X, spec, spec.float_type)
+        session = import_onnxruntime().InferenceSession(
+            inference_mode(self.to_onnx()).SerializeToString(),
+            providers=["CPUExecutionProvider"],
+        )
+        return session.run([spec.output], {spec.input: X})[0]
+
     def to_onnx(self):
         """The model holding :attr:`weights_` (the given weights before a fit).
 
@@ -236,8 +261,10 @@ class OnnxModelConstraint(HasMethods):
 
 
 def input_spec(template) -> TemplateSpec | None:
-    """The :class:`TemplateSpec` of an ONNX template (None for any other template)."""
-    return template.spec() if isinstance(template, OnnxTemplate) else None
+    """The :class:`TemplateSpec` of an ONNX template, or of a Pipeline's final ONNX
+    template (None for any other template)."""
+    final = template.steps[-1][1] if hasattr(template, "steps") else template
+    return final.spec() if isinstance(final, OnnxTemplate) else None
 
 
 def conform_input(X, spec: TemplateSpec, dtype, what: str = "X") -> np.ndarray:
@@ -640,10 +667,14 @@ class OnnxFamily(Family):
         return converted
 
     def export(self, est, n_features, dtype):
-        """The template's own graph holding the trained weights."""
+        """The template's own graph holding the trained weights (in the float type
+        ``dtype``)."""
         from ._passes import pin_versions
 
-        return pin_versions(est.to_onnx())
+        model = est.to_onnx()
+        if np.dtype(dtype) != est.spec().float_type:
+            cast_float_type(model, np.dtype(dtype))
+        return pin_versions(model)
 
 
 def cast_float_type(model, dtype) -> None:

@@ -513,3 +513,46 @@ def test_checkpoint_carries_statistics_and_masks(tmp_path):
     assert resumed.loss_curve_ == whole.loss_curve_
     for name, value in whole.estimator_.weights_.items():
         np.testing.assert_array_equal(resumed.estimator_.weights_[name], value, err_msg=name)
+
+
+# Pipelines ----------------------------------------------------------------------------
+def test_pipeline_reshaping_rows_into_images():
+    torch = pytest.importorskip("torch")
+    from _torch_models import SmallCNN, distinct_, export
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import FunctionTransformer
+
+    X, y = load_digits(return_X_y=True)
+    X = (X / 16.0).astype(np.float32)
+    model = export(distinct_(SmallCNN(n_classes=10).eval()), torch.zeros(2, 1, 8, 8))
+    images = FunctionTransformer(lambda rows: rows.reshape(-1, 1, 8, 8))
+    pipe = OrtGradientClassifier(make_pipeline(images, OnnxTemplate(model)), max_iter=3)
+    direct = OrtGradientClassifier(OnnxTemplate(model), max_iter=3)
+    pipe.fit(X, y)
+    direct.fit(X.reshape(-1, 1, 8, 8), y)
+    assert pipe.n_features_in_ == 64
+    np.testing.assert_array_equal(
+        pipe.predict_proba(X), direct.predict_proba(X.reshape(-1, 1, 8, 8))
+    )
+    with pytest.warns(UserWarning, match="takes the output of the Pipeline's steps"):
+        exported = pipe.to_onnx()
+    assert exported.graph.input[0].name == "x"
+
+
+def test_pipeline_with_a_scaler_fits_the_scaler():
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    X, y = load_diabetes(return_X_y=True)
+    X = X * 100.0
+    reg = OrtGradientRegressor(
+        make_pipeline(StandardScaler(), OnnxTemplate(_linear_model(n_in=10)))
+    )
+    reg.fit(X, y)
+    scaler = reg.estimator_[0]
+    np.testing.assert_allclose(scaler.mean_, X.mean(axis=0))
+    W = reg.estimator_[-1].weights_["W"]
+    b = reg.estimator_[-1].weights_["b"]
+    np.testing.assert_allclose(
+        reg.predict(X[:5]), (scaler.transform(X[:5]) @ W + b).ravel(), rtol=1e-5
+    )
