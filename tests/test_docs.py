@@ -95,6 +95,7 @@ def test_gallery_runs_every_example(build):
         ("plot_4_dataframe_pipeline", "largest difference to predict: 0.0"),
         ("plot_5_custom_loss", "backend: standard"),
         ("plot_6_scoring_monitor", "epoch rows and one for the fit"),
+        ("plot_7_onnx_cnn", "frozen weights unchanged: True"),
     ],
 )
 def test_gallery_example_shows_its_result(html, example, expected):
