@@ -556,3 +556,61 @@ def test_pipeline_with_a_scaler_fits_the_scaler():
     np.testing.assert_allclose(
         reg.predict(X[:5]), (scaler.transform(X[:5]) @ W + b).ravel(), rtol=1e-5
     )
+
+
+# the estimators' features on an ONNX template ---------------------------------------
+def test_lbfgs_reaches_least_squares_and_sample_weight_counts():
+    rng = np.random.RandomState(0)
+    X = rng.randn(300, 3).astype(np.float32)
+    y = X @ np.array([1.5, -2.0, 0.5]) + 0.3 + 0.1 * rng.randn(300)
+    weight = np.where(np.arange(300) < 150, 1.0, 0.0)
+    reg = OrtGradientRegressor(OnnxTemplate(_linear_model()), optimizer="lbfgs", dtype="float64")
+    reg.fit(X, y, sample_weight=weight)
+    A = np.c_[X[:150], np.ones(150)].astype(np.float64)
+    expected = np.linalg.lstsq(A, y[:150], rcond=None)[0]
+    trained = reg.estimator_.weights_
+    np.testing.assert_allclose(trained["W"].ravel(), expected[:3], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(trained["b"], expected[3:], rtol=1e-5, atol=1e-6)
+
+
+def test_partial_fit_calls_equal_fit_epochs():
+    X, y = _diabetes()
+    params = dict(shuffle=False, tol=0.0, n_iter_no_change=100, learning_rate_init=0.01)
+    fitted = OrtGradientRegressor(OnnxTemplate(_linear_model(n_in=10)), max_iter=3, **params)
+    fitted.fit(X, y)
+    parts = OrtGradientRegressor(OnnxTemplate(_linear_model(n_in=10)), **params)
+    for _ in range(3):
+        parts.partial_fit(X, y)
+    for name, value in fitted.estimator_.weights_.items():
+        np.testing.assert_allclose(parts.estimator_.weights_[name], value, rtol=1e-6)
+
+
+def test_early_stopping_on_a_validation_set():
+    X, y = _diabetes()
+    reg = OrtGradientRegressor(
+        OnnxTemplate(_linear_model(n_in=10)), early_stopping=True, learning_rate_init=0.01,
+        max_iter=50, random_state=0,
+    )  # fmt: skip
+    reg.fit(X[:300], y[:300], X_val=X[300:], y_val=y[300:])
+    assert len(reg.validation_scores_) == reg.n_iter_
+    # the weights kept are those of the best validation score
+    assert reg.score(X[300:], y[300:]) == pytest.approx(reg.best_validation_score_, rel=1e-5)
+
+
+def test_text_classifier_float64_equals_torch():
+    torch = pytest.importorskip("torch")
+    from _torch_models import TextClassifier, export, train_sgd
+
+    rng = np.random.RandomState(0)
+    ids = rng.randint(0, 50, size=(128, 12)).astype(np.int64)
+    y = (ids[:, 0] % 3).astype(np.int64)
+    module = TextClassifier(vocabulary=50, dim=8, n_classes=3)
+    model = export(module, torch.zeros(2, 12, dtype=torch.int64), input_name="ids")
+    clf = OrtGradientClassifier(
+        OnnxTemplate(model), optimizer="sgd", learning_rate_init=0.5, batch_size=32,
+        shuffle=False, max_iter=1, dtype="float64",
+    )  # fmt: skip
+    clf.fit(ids, y)
+    expected = train_sgd(module.double(), ids, torch.as_tensor(y), "log_loss", 0.5, 32)
+    for name, value in expected.items():
+        np.testing.assert_allclose(clf.estimator_.weights_[name], value, rtol=1e-9, atol=1e-12)
