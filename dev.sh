@@ -20,7 +20,8 @@ TESTS313="tests/test_backends.py tests/test_golden_gradients.py tests/test_gradi
  tests/test_callbacks.py tests/test_library_callbacks.py tests/test_artifacts.py
  tests/test_sklearn_parity.py
  tests/test_cold_import.py tests/test_shared_sessions.py tests/test_fit.py tests/test_data.py
- tests/test_optim.py tests/test_config.py tests/test_checkpoint_files.py"
+ tests/test_optim.py tests/test_config.py tests/test_checkpoint_files.py
+ tests/test_onnx_template.py tests/test_training_mode.py"
 
 setup() {
     local venv="$1" python="$2" extras="$3"
