@@ -271,10 +271,11 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
     def _validate_multilabel(self, y, first_call):
         """Targets of a multilabel problem: one sigmoid per label, as MLPClassifier."""
         final = final_estimator(self._template())
-        if not hasattr(final, "hidden_layer_sizes"):
+        if not hasattr(final, "hidden_layer_sizes") and not family_of(final).one_vs_rest(final):
             raise ValueError(
                 f"Multilabel targets need an MLPClassifier template (one sigmoid per "
-                f"label, as scikit-learn's MLPClassifier); got {type(final).__name__}."
+                f"label, as scikit-learn's MLPClassifier), or an ONNX template whose output "
+                f"is a Sigmoid; got {type(final).__name__}."
             )
         if self._class_weight() is not None:
             raise ValueError("class_weight is not supported with multilabel targets.")
@@ -339,7 +340,7 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
             return True  # independent labels, one sigmoid each
         if len(self.classes_) <= 2:
             return False
-        if type(final).__name__ == "SGDClassifier":
+        if type(final).__name__ == "SGDClassifier" or family_of(final).one_vs_rest(final):
             return True
         return getattr(final, "multi_class", None) == "ovr" or (
             getattr(final, "solver", None) == "liblinear"

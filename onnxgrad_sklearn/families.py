@@ -209,6 +209,10 @@ class Family:
         """Make the estimators' fitted copy ``est`` ready to convert, for ``task``
         (default: nothing)."""
 
+    def one_vs_rest(self, est) -> bool:
+        """Whether the template's classes are independent sigmoids (one-vs-rest)."""
+        return False
+
     def output_width(self, est) -> int | None:
         """The values per sample the trained output gives, where the template fixes it
         (None: as many as the targets)."""

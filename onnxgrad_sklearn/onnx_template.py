@@ -574,6 +574,9 @@ class OnnxFamily(Family):
     def output_width(self, est):
         return est.spec().output_width
 
+    def one_vs_rest(self, est):
+        return est.spec().activation == "Sigmoid"  # one sigmoid per class
+
     def prediction_output(self, est):
         return est.spec().output
 

@@ -614,3 +614,59 @@ def test_text_classifier_float64_equals_torch():
     expected = train_sgd(module.double(), ids, torch.as_tensor(y), "log_loss", 0.5, 32)
     for name, value in expected.items():
         np.testing.assert_allclose(clf.estimator_.weights_[name], value, rtol=1e-9, atol=1e-12)
+
+
+def _sigmoid_model(n_in=4, n_out=3):
+    model = _linear_model(n_in=n_in, n_out=n_out)
+    model.graph.node.append(helper.make_node("Sigmoid", ["y"], ["p"]))
+    del model.graph.output[:]
+    model.graph.output.append(helper.make_tensor_value_info("p", TensorProto.FLOAT, ["n", n_out]))
+    return model
+
+
+def test_sigmoid_outputs_train_one_vs_rest_as_torch():
+    torch = pytest.importorskip("torch")
+    X, y = load_iris(return_X_y=True)
+    X = ((X - X.mean(0)) / X.std(0)).astype(np.float32)
+    model = _sigmoid_model()
+    clf = OrtGradientClassifier(
+        OnnxTemplate(model), optimizer="sgd", learning_rate_init=0.1, batch_size=30,
+        shuffle=False, max_iter=1,
+    )  # fmt: skip
+    clf.fit(X, y)
+    given = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    W = torch.tensor(given["W"], requires_grad=True)
+    b = torch.tensor(given["b"], requires_grad=True)
+    targets = torch.as_tensor(np.eye(3, dtype=np.float32)[y])
+    for start in range(0, 150, 30):
+        z = torch.as_tensor(X[start : start + 30]) @ W + b
+        loss = (
+            torch.nn.functional.binary_cross_entropy_with_logits(
+                z, targets[start : start + 30], reduction="none"
+            )
+            .sum(dim=1)
+            .mean()
+        )
+        W.grad = b.grad = None
+        loss.backward()
+        with torch.no_grad():
+            W -= 0.1 * W.grad
+            b -= 0.1 * b.grad
+    np.testing.assert_allclose(
+        clf.estimator_.weights_["W"], W.detach().numpy(), rtol=1e-4, atol=1e-6
+    )
+    # probabilities: the sigmoids, normalised (one-vs-rest)
+    sig = 1 / (1 + np.exp(-(X @ W.detach().numpy() + b.detach().numpy())))
+    np.testing.assert_allclose(clf.predict_proba(X), sig / sig.sum(1, keepdims=True), rtol=1e-4)
+
+
+def test_multilabel_with_sigmoid_outputs():
+    X, y = load_iris(return_X_y=True)
+    X = ((X - X.mean(0)) / X.std(0)).astype(np.float32)
+    Y = np.c_[y == 0, y == 2, X[:, 0] > 0].astype(int)
+    clf = OrtGradientClassifier(OnnxTemplate(_sigmoid_model()), learning_rate_init=0.05)
+    clf.fit(X, Y)
+    assert clf.predict(X).shape == (150, 3)
+    assert clf.score(X, Y) > 0.8  # subset accuracy
+    with pytest.raises(ValueError, match="an ONNX template whose output is a Sigmoid"):
+        OrtGradientClassifier(OnnxTemplate(_linear_model(n_in=4, n_out=3))).fit(X, Y)
