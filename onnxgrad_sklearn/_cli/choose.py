@@ -11,12 +11,14 @@ from ..templates import is_fitted
 from .common import (
     CLASSIFICATION_LOSSES,
     LOSS_FLAGS,
+    ONNX_SUFFIXES,
     PICKLE_SUFFIXES,
     POSITIVE_TARGET_LOSSES,
     REGRESSION_LOSSES,
     SKOPS_SUFFIXES,
     CLIError,
     _load_model,
+    _one_line,
     _quoted,
     _warn,
     infer_task,
@@ -55,6 +57,18 @@ _TEMPLATE_HELP = {
         "TweedieRegressor(link='log') with those losses) or LogisticRegression"
     ),
 }
+#: ``--model PATH.onnx``: what it trains, for the help.
+ONNX_TEMPLATE_HELP = (
+    "the ONNX model in that file (a path ending with .onnx) as the template, taken as it "
+    "is (no StandardScaler in front): the feature columns, in the order of the CSV, are "
+    "its one input, of shape (n, number of features), its prediction is its first output "
+    "(--output NAME: another one; a classifier's Softmax, LogSoftmax or Sigmoid output is "
+    "trained through the logits before it), and its floating-point weights are trained "
+    "(--trainable, --frozen), on the raw target"
+)
+#: The flags that only apply to an ONNX model (``--model PATH.onnx``, or ``--init`` of an
+#: estimator fitted with one), and their ``OnnxTemplate`` parameters.
+ONNX_FLAGS = ("trainable", "frozen", "output")
 
 
 # choose the template ------------------------------------------------------------------
@@ -67,15 +81,35 @@ class _Template:
     fitted: bool = False  # a fitted template: fine-tuned from its weights
     target_scaler: Any = None  # the --init model's fitted target scaler
     loss: Any = None  # the --init estimator's loss
+    dtype: str = "float32"  # the float type training computes in (--dtype)
+    spec: Any = None  # an ONNX template's TemplateSpec (None for the other templates)
 
 
 def _choose_template(args, data: _Data) -> _Template:
+    chosen = _template_of_flags(args, data)
+    asked = getattr(args, "dtype", None)
+    if asked is not None:
+        chosen.dtype = asked
+    elif chosen.spec is not None:  # an ONNX model: its own float type
+        chosen.dtype = str(chosen.spec.float_type)
+    return chosen
+
+
+def _template_of_flags(args, data: _Data) -> _Template:
     init = args.init
+    if args.model is not None and _is_onnx_path(args.model):
+        if init is not None:
+            raise CLIError(
+                f"--model {args.model} trains that ONNX model, --init fine-tunes a saved "
+                "estimator: give one of them"
+            )
+        return _onnx_template(args, data, args.model)
     if args.model is not None and args.model not in TEMPLATES:
         if init is not None or not _looks_like_path(args.model):
             raise CLIError(
-                f"--model takes {' or '.join(TEMPLATES)}, got {args.model!r} (a saved model "
-                "to fine-tune goes to --init PATH)"
+                f"--model takes {' or '.join(TEMPLATES)}, got {args.model!r} (or the path of "
+                "an ONNX model to train, ending with .onnx; a saved model to fine-tune goes "
+                "to --init PATH)"
             )
         _warn(f"--model PATH is deprecated, use --init {args.model}")
         init = args.model
@@ -85,10 +119,24 @@ def _choose_template(args, data: _Data) -> _Template:
             "give one of them"
         )
     if init is None:
+        _refuse_onnx_flags(args, f"--model {args.model or 'mlp'}")
         return _new_template(args, data, args.model or "mlp")
     if args.hidden is not None:
         raise CLIError("--hidden applies to --model mlp only, not to an --init model")
     return _init_template(args, data, init)
+
+
+def _is_onnx_path(text: str) -> bool:
+    return text.lower().endswith(ONNX_SUFFIXES)
+
+
+def _refuse_onnx_flags(args, what: str) -> None:
+    for flag in ONNX_FLAGS:
+        if getattr(args, flag, None) is not None:
+            raise CLIError(
+                f"--{flag} applies to an ONNX model (--model PATH.onnx, or --init of an "
+                f"estimator fitted with one) only, not to {what}"
+            )
 
 
 def _looks_like_path(text: str) -> bool:
@@ -128,6 +176,103 @@ def _preprocessed(final, data: _Data):
     return Pipeline([("columns", columns), (type(final).__name__.lower(), final)])
 
 
+# an ONNX model as the template ------------------------------------------------------
+def _onnx_template(args, data: _Data, path: str) -> _Template:
+    """``--model PATH.onnx``: the model in that file, trained as it is."""
+    if args.hidden is not None:
+        raise CLIError(
+            f"--hidden applies to --model mlp only, not to an ONNX model (--model {path}): "
+            "its layers are those of its graph"
+        )
+    if not os.path.exists(path):
+        raise CLIError(f"ONNX model file not found: {path}")
+    import onnx
+
+    try:
+        model = onnx.load(path)  # its external-data files too, into the model
+    except Exception as exc:  # not an ONNX file (DecodeError, ...)
+        raise CLIError(f"cannot read the ONNX model in {path}: {_one_line(exc)}") from exc
+    from ..onnx_template import OnnxTemplate
+
+    # the bytes, not the path: the saved estimator holds the model, whatever becomes
+    # of the file (and skops saves bytes without a type to trust)
+    template = OnnxTemplate(
+        model.SerializeToString(),
+        trainable=args.trainable,
+        frozen=args.frozen,
+        output=args.output,
+    )
+    spec = _onnx_spec(template, path)
+    _check_onnx_input(spec, data, path)
+    task = infer_task(data.y) if args.task == "auto" else args.task
+    how = " (auto)" if args.task == "auto" else ""
+    origin = f" of {path} ({_onnx_text(template, spec, len(data.features))})"
+    return _Template(template, task, how, origin, spec=spec)
+
+
+def _onnx_spec(template, path: str):
+    """The template's :class:`~onnxgrad_sklearn.onnx_template.TemplateSpec`; its
+    refusals (several inputs, ai.onnx.ml operators, no weight to train...) as CLIError."""
+    try:
+        return template.spec()
+    except ValueError as exc:
+        hint = ""
+        if "ai.onnx.ml" in str(exc):  # an ONNX file fit wrote from a scikit-learn template
+            hint = "; to fine-tune a model fit wrote, pass its .skops file to --init"
+        message = _one_line(exc)
+        for flag in ONNX_FLAGS:  # the messages name OnnxTemplate's parameters
+            message = message.replace(f"{flag}=", f"--{flag} ")
+        raise CLIError(f"the ONNX model in {path}: {message}{hint}") from exc
+
+
+def _check_onnx_input(spec, data: _Data, path: str) -> None:
+    """Refuse, before training, data the ONNX model's input cannot take."""
+    if data.text:
+        raise CLIError(
+            f"the ONNX model in {path} takes numbers, and the feature columns "
+            f"{_quoted(data.text)} are text: encode them as numbers in the CSV (the model "
+            "is trained as it is, nothing is added in front of it)"
+        )
+    if len(spec.input_shape) != 1:
+        shown = ", ".join(["n"] + ["?" if d is None else str(d) for d in spec.input_shape])
+        raise CLIError(
+            f"the ONNX model in {path} takes an input {spec.input!r} of shape ({shown}); fit "
+            "feeds it the feature columns of the CSV, a matrix of shape (n, "
+            f"{len(data.features)}): give a model whose input is (n, number of features)"
+        )
+    if spec.input_dtype.kind in "iu":
+        raise CLIError(
+            f"the ONNX model in {path} takes {spec.input_dtype} values (indices, token ids) "
+            f"in its input {spec.input!r}: fit feeds it the feature columns as floats"
+        )
+    (width,) = spec.input_shape
+    if width is not None and width != len(data.features):
+        raise CLIError(
+            f"the ONNX model in {path} takes {width} features (its input {spec.input!r} is "
+            f"(n, {width})), and {data.path} has {len(data.features)} feature columns "
+            "(every column but the target): give a CSV of its features, or a model of "
+            f"{len(data.features)} inputs"
+        )
+
+
+def _onnx_text(template, spec, n_features: int) -> str:
+    """What the summary says of an ONNX template."""
+    model = template.load()
+    floats = [i.name for i in model.graph.initializer if i.data_type in (1, 11)]  # float, double
+    output = repr(spec.output)
+    if spec.activation is not None:
+        output += f" (a {spec.activation} of the logits {spec.logits!r})"
+    trained = _quoted(list(spec.trainable), 8)
+    left = [n for n in floats if n not in spec.trainable]
+    kept = f"; kept as they are: {_quoted(left, 8)}" if left else ""
+    return (
+        f"input {spec.input!r} of shape (n, {n_features}), {spec.input_dtype}; output "
+        f"{output}; trains {len(spec.trainable)} of its {len(floats)} floating-point "
+        f"initializers: {trained}{kept}; no StandardScaler in front, the feature columns "
+        "go to the model as they are"
+    )
+
+
 def _init_template(args, data: _Data, path: str) -> _Template:
     from sklearn.base import is_classifier, is_regressor
 
@@ -142,7 +287,16 @@ def _init_template(args, data: _Data, path: str) -> _Template:
             f"{path} does not hold a scikit-learn estimator (got {type(loaded).__name__})"
         )
     template, scaler, saved = _unwrap(loaded, path)
-    if is_classifier(template):
+    from ..onnx_template import OnnxTemplate
+
+    spec = None
+    if isinstance(template, OnnxTemplate):
+        template, spec = _onnx_init(args, data, template, path)
+    else:
+        _refuse_onnx_flags(args, f"the model in {path} (not an ONNX model)")
+    if saved is not None:  # our estimator: its task (its template may be an ONNX model)
+        task = "classification" if is_classifier(saved) else "regression"
+    elif is_classifier(template):
         task = "classification"
     elif is_regressor(template):
         task = "regression"
@@ -160,7 +314,29 @@ def _init_template(args, data: _Data, path: str) -> _Template:
         origin += ", columns reordered as the model was fitted"
     how = f" (from {path})" if args.task == "auto" else ""
     loss = getattr(saved, "loss", None)
-    return _Template(template, task, how, origin, fitted, scaler, loss)
+    return _Template(template, task, how, origin, fitted, scaler, loss, spec=spec)
+
+
+def _onnx_init(args, data: _Data, template, path: str):
+    """The ONNX template of an estimator ``--init`` gives, holding its trained weights
+    (a fitted copy's weights_ are only read back from its graph: it is rebuilt from the
+    graph that holds them), with the --trainable, --frozen and --output given."""
+    from ..onnx_template import OnnxTemplate
+
+    given = {flag: getattr(args, flag, None) for flag in ONNX_FLAGS}
+    params = {
+        k: (v if given[k] is None else given[k])
+        for k, v in template.get_params().items()
+        if k in ONNX_FLAGS
+    }
+    try:
+        model = template.to_onnx()
+    except Exception as exc:  # its model file (a path) gone, or unreadable
+        raise CLIError(f"cannot read the ONNX model of {path}: {_one_line(exc)}") from exc
+    rebuilt = OnnxTemplate(model.SerializeToString(), **params)
+    spec = _onnx_spec(rebuilt, path)
+    _check_onnx_input(spec, data, path)
+    return rebuilt, spec
 
 
 def _unwrap(loaded, path: str):
@@ -284,6 +460,8 @@ def _target_scaler(args, chosen: _Template, loss, y_train):
         return None, "raw (--no-scale-target)"
     if chosen.fitted:
         return None, "raw (the fitted --init model predicts raw targets)"
+    if chosen.spec is not None:
+        return None, "raw (an ONNX model is trained as it is: its output predicts the target)"
     name = _loss_name(loss)
     if name.startswith(POSITIVE_TARGET_LOSSES):
         return None, f"raw (loss {name} takes positive targets)"

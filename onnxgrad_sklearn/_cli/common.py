@@ -36,6 +36,14 @@ PICKLE_SUFFIXES = (".pkl", ".pickle", ".joblib")
 SKOPS_SUFFIXES = (".skops",)
 ONNX_SUFFIXES = (".onnx",)
 
+#: Keys ``fit`` adds to the ``metadata_props`` of the ONNX file it writes for an ONNX
+#: model trained as the template (``--model PATH.onnx``), which ``predict`` reads: the
+#: output that is the prediction (the graph keeps all its outputs), and for a
+#: classifier the operator that makes it from the logits (Softmax, LogSoftmax, Sigmoid,
+#: or "none": the output is the logits).
+META_PREDICTION_OUTPUT = "prediction_output"
+META_OUTPUT_ACTIVATION = "output_activation"
+
 
 _MATPLOTLIB_HINT = "pip install matplotlib, or pip install 'onnxgrad-sklearn[plot]'"
 _SKOPS_HINT = "pip install skops, or pip install 'onnxgrad-sklearn[skops]'"
@@ -154,6 +162,17 @@ def _load_model(path: str, trust: bool, what: str = "the model"):
     )
 
 
+def trusted_types() -> list[str]:
+    """The types of this package the command line loads from a .skops file without
+    ``--trust``: ``SKOPS_TRUSTED_TYPES`` and :class:`~onnxgrad_sklearn.OnnxTemplate`
+    (the template of a ``--model PATH.onnx`` fit, which holds the model's bytes)."""
+    from .._trusted import SKOPS_TRUSTED_TYPES
+    from ..onnx_template import OnnxTemplate
+
+    onnx_template = f"{OnnxTemplate.__module__}.{OnnxTemplate.__qualname__}"
+    return sorted({*SKOPS_TRUSTED_TYPES, onnx_template})
+
+
 def _load_skops(path: str, trust: bool):
     try:
         import skops.io as sio
@@ -161,20 +180,19 @@ def _load_skops(path: str, trust: bool):
         raise ImportError(
             f"loading {path} needs skops, which is not installed: {_SKOPS_HINT}"
         ) from exc
-    from .._trusted import SKOPS_TRUSTED_TYPES
-
+    trusted = trusted_types()
     try:
         untrusted = sio.get_untrusted_types(file=path)
     except Exception as exc:  # not a skops file (zipfile.BadZipFile, ...)
         raise CLIError(f"cannot load the model in {path}: {_one_line(exc)}") from exc
-    unknown = [t for t in untrusted if t not in SKOPS_TRUSTED_TYPES]
+    unknown = [t for t in untrusted if t not in trusted]
     if unknown and not trust:
         raise CLIError(
             f"{path} holds types skops does not trust by default: {', '.join(unknown)}; "
             "check them and pass --trust to load it"
         )
     try:
-        return sio.load(path, trusted=list(SKOPS_TRUSTED_TYPES) + unknown)
+        return sio.load(path, trusted=trusted + unknown)
     except Exception as exc:
         raise CLIError(f"cannot load the model in {path}: {_one_line(exc)}") from exc
 

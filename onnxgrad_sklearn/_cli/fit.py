@@ -11,6 +11,7 @@ from .choose import _choose_loss, _choose_template, _target_scaler, _Template
 from .common import _warn
 from .data import _check_target, _read_training_data, _Split, _split
 from .report import (
+    _onnx_metadata,
     _output_paths,
     _print_metrics,
     _print_summary,
@@ -41,7 +42,7 @@ def _make_estimator(args, chosen: _Template, loss):
         alpha=args.alpha,
         random_state=args.random_state,
         verbose=1 if args.verbose else 0,
-        dtype=args.dtype,
+        dtype=chosen.dtype,
     )
 
 
@@ -106,7 +107,7 @@ def fit_command(args: argparse.Namespace) -> int:
     _print_training(est, args, seconds, scaler is not None)
     _print_metrics(model, chosen.task, split)
 
-    _write_onnx(model, data, paths.onnx)
+    _write_onnx(model, data, paths.onnx, _onnx_metadata(chosen))
     _write_estimator(model, paths.skops)
     _write_plot(est, paths.png)
     return 0

@@ -8,7 +8,7 @@ from typing import NoReturn
 
 from .. import demo as _demo_module
 from .._export import META_FEATURES
-from .choose import _TEMPLATE_HELP, TEMPLATES
+from .choose import _TEMPLATE_HELP, ONNX_TEMPLATE_HELP, TEMPLATES
 from .common import (
     CLASSIFICATION_LOSSES,
     MAX_AUTO_CLASSES,
@@ -115,13 +115,17 @@ def _add_fit_parser(commands) -> argparse.ArgumentParser:
             "the order of the CSV; with text columns, one input per column, named after it, "
             "of shape (n, 1): float for numeric columns, string for text ones. The names "
             f"are in its metadata ('{META_FEATURES}', comma-joined), which '{PROG} predict' "
-            "reads."
+            "reads. With --model PATH.onnx, an ONNX model of yours is the template: trained "
+            "as it is (no StandardScaler in front), it is written back with the trained "
+            "weights, its own input and outputs."
         ),
         epilog=(
             f"Example: {PROG} fit --data train.csv --target price --hidden 64,64 "
             "--optimizer adam --learning-rate 0.01 --epochs 100 --out price.onnx; then "
             f"{PROG} fit --data new.csv --target price --init price.skops --epochs 10 "
-            "--out tuned.onnx fine-tunes it. "
+            "--out tuned.onnx fine-tunes it; "
+            f"{PROG} fit --data train.csv --target price --model net.onnx --frozen 'encoder.*' "
+            "--epochs 20 --out trained.onnx trains an ONNX model's other weights. "
             "Exit status: 0 on success, 2 on an error (reported on one line of stderr)."
         ),
     )
@@ -171,10 +175,11 @@ def _add_fit_model_flags(group) -> None:
     group.add_argument(
         "--model",
         default=None,
-        metavar="|".join(TEMPLATES),
+        metavar="|".join(TEMPLATES) + "|PATH.onnx",
         help=(
-            f"the template to train from scratch: {kinds} (default: mlp). Deprecated: a "
-            "model file given here is read as --init PATH"
+            f"the template to train from scratch: {kinds} (default: mlp); or PATH.onnx: "
+            f"{ONNX_TEMPLATE_HELP}. Deprecated: another model file (.skops, pickle) given "
+            "here is read as --init PATH"
         ),
     )
     group.add_argument(
@@ -203,6 +208,38 @@ def _add_fit_model_flags(group) -> None:
         default=None,
         metavar="N[,N...]",
         help="hidden layer sizes of --model mlp, comma-separated (default: 64)",
+    )
+    group.add_argument(
+        "--trainable",
+        nargs="+",
+        action="extend",
+        default=None,
+        metavar="PATTERN",
+        help=(
+            "with --model PATH.onnx: the initializers to train, names or glob patterns "
+            "such as 'fc.*' (default: every floating-point initializer the prediction "
+            "depends on, but shapes, indices and BatchNormalization's running statistics)"
+        ),
+    )
+    group.add_argument(
+        "--frozen",
+        nargs="+",
+        action="extend",
+        default=None,
+        metavar="PATTERN",
+        help=(
+            "with --model PATH.onnx: initializers not to train, names or glob patterns "
+            "(transfer learning): they are written back bit for bit"
+        ),
+    )
+    group.add_argument(
+        "--output",
+        default=None,
+        metavar="NAME",
+        help=(
+            "with --model PATH.onnx: the graph output that is the prediction (default: "
+            "its first output); the written model keeps all its outputs"
+        ),
     )
 
 
@@ -286,11 +323,12 @@ def _add_fit_training_flags(group) -> None:
     group.add_argument(
         "--dtype",
         choices=("float32", "float64"),
-        default="float32",
+        default=None,
         help=(
             "the float type training computes in, and of the ONNX model's float inputs: "
             "float32 (default, the fastest) or float64 (scikit-learn's own precision, on "
-            "the standard backend)"
+            "the standard backend); with --model PATH.onnx, the model's own float type "
+            "by default (another one casts the graph)"
         ),
     )
     group.add_argument(

@@ -10,6 +10,8 @@ import sys
 from .._export import META_CLASSES, META_FEATURES, META_FEATURES_JSON
 from ..templates import is_fitted
 from .common import (
+    META_OUTPUT_ACTIVATION,
+    META_PREDICTION_OUTPUT,
     ONNX_SUFFIXES,
     PICKLE_SUFFIXES,
     SKOPS_SUFFIXES,
@@ -28,8 +30,11 @@ __all__ = ["predict_command"]
 class _OnnxPredictor:
     """Predictions of an ONNX model written by ``fit``.
 
-    Its input is one matrix ``X`` of the feature columns, or one ``(n, 1)`` input
-    per column (text columns encoded inside the model), named after the columns.
+    Its input is one matrix of the feature columns (named ``X``, or the input of an
+    ONNX model trained as the template), or one ``(n, 1)`` input per column (text
+    columns encoded inside the model), named after the columns. An ONNX template's
+    model gives its prediction in the output its metadata names (a classifier's:
+    probabilities or logits, turned into labels and probabilities here).
     """
 
     def __init__(self, path: str):
@@ -66,6 +71,14 @@ class _OnnxPredictor:
         width = shape[-1] if len(self.inputs) == 1 and len(shape) == 2 else None
         self.n_features = width if isinstance(width, int) else len(self.inputs)
         self.classes = json.loads(meta[META_CLASSES]) if META_CLASSES in meta else None
+        self.output = meta.get(META_PREDICTION_OUTPUT)  # an ONNX template's prediction
+        self.activation = meta.get(META_OUTPUT_ACTIVATION, "none")
+        names = [o.name for o in self.session.get_outputs()]
+        if self.output is not None and self.output not in names:
+            raise CLIError(
+                f"the ONNX model in {path} names {self.output!r} as its prediction "
+                f"('{META_PREDICTION_OUTPUT}' in its metadata), but its outputs are {names}"
+            )
 
     def _feed(self, X) -> dict:
         """The session's inputs: ``X`` as one matrix, or each column as ``(n, 1)``."""
@@ -89,6 +102,13 @@ class _OnnxPredictor:
     def predict(self, X):
         import numpy as np
 
+        if self.output is not None:  # an ONNX template: its prediction output only
+            (out,) = self.session.run([self.output], self._feed(X))
+            if self.classes is None:  # a regressor
+                return _table(out)
+            proba = _template_proba(np.asarray(out, dtype=np.float64), self.activation)
+            labels = np.asarray(self.classes, dtype=object)[proba.argmax(axis=1)]
+            return _table(labels, proba, self.classes)
         outputs = self.session.run(None, self._feed(X))
         if len(outputs) < 2:  # a regressor
             return _table(outputs[0])
@@ -98,6 +118,29 @@ class _OnnxPredictor:
             classes = classes or list(proba[0])
             proba = np.array([[row[c] for c in classes] for row in proba])
         return _table(labels, proba, classes)
+
+
+def _template_proba(out, activation: str):
+    """The class probabilities of an ONNX template classifier's output (its rows):
+    as the estimator's ``predict_proba`` gives them from the logits."""
+    import numpy as np
+
+    out = out.reshape(len(out), -1)
+    if activation == "Softmax":
+        return out
+    if activation == "LogSoftmax":
+        return np.exp(out)
+    if activation == "Sigmoid":
+        if out.shape[1] == 1:  # binary: the second class's probability
+            return np.c_[1 - out, out]
+        tiny = np.finfo(np.float32).tiny
+        p = np.clip(out, tiny, 1 - np.finfo(np.float32).eps)
+        out = np.log(p) - np.log1p(-p)  # back to the logits
+    if out.shape[1] == 1:  # one logit of a binary problem
+        out = np.c_[np.zeros_like(out), out]
+    z = out - out.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=1, keepdims=True)
 
 
 class _EstimatorPredictor:

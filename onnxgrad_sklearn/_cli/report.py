@@ -14,11 +14,14 @@ from .choose import _loss_text, _Template
 from .common import (
     _MATPLOTLIB_HINT,
     _SKOPS_HINT,
+    META_OUTPUT_ACTIVATION,
+    META_PREDICTION_OUTPUT,
     SKOPS_SUFFIXES,
     CLIError,
     _parent,
     _quoted,
     _warn,
+    trusted_types,
 )
 from .data import _Data, _Split
 
@@ -40,7 +43,7 @@ def _print_summary(args, data: _Data, chosen: _Template, loss, split: _Split, sc
     print(
         f"model: {_describe(chosen.template)}{chosen.origin}; loss {_loss_text(loss)}, "
         f"optimizer {args.optimizer}, learning rate {args.learning_rate:g}, batch size "
-        f"{args.batch_size}, {args.epochs} epochs, alpha {args.alpha:g}, {args.dtype}"
+        f"{args.batch_size}, {args.epochs} epochs, alpha {args.alpha:g}, {chosen.dtype}"
     )
     if scaling:
         print(f"target: {scaling}")
@@ -125,8 +128,31 @@ def _output_paths(args) -> _Outputs:
     return paths
 
 
-def _write_onnx(model, data: _Data, path: str) -> None:
+def _onnx_metadata(chosen: _Template) -> dict[str, str]:
+    """What ``predict`` reads of an ONNX template besides the export's metadata: the
+    output that is the prediction, and how a classifier's is made from the logits."""
+    spec = chosen.spec
+    if spec is None:
+        return {}
+    meta = {META_PREDICTION_OUTPUT: spec.output}
+    if chosen.task == "classification":
+        meta[META_OUTPUT_ACTIVATION] = spec.activation or "none"
+    return meta
+
+
+def _set_metadata(onnx_model, meta: dict[str, str]) -> None:
+    """Set ``meta`` in the model's metadata; one entry per key, the last one set (an
+    ONNX model given as the template may hold keys of its own, from an earlier fit)."""
+    values = {p.key: p.value for p in onnx_model.metadata_props}
+    values.update(meta)
+    del onnx_model.metadata_props[:]
+    for key, value in values.items():
+        onnx_model.metadata_props.add(key=key, value=value)
+
+
+def _write_onnx(model, data: _Data, path: str, meta: dict[str, str] | None = None) -> None:
     onnx_model = export_onnx(model, data.features, data.target)
+    _set_metadata(onnx_model, meta or {})
     try:
         with open(path, "wb") as f:
             f.write(onnx_model.SerializeToString())
@@ -167,12 +193,16 @@ def _write_estimator(model, path: str) -> None:
         sio.dump(model, path)
     except OSError as exc:
         raise CLIError(f"cannot write the estimator to {path}: {exc.strerror or exc}") from exc
-    unknown = [t for t in sio.get_untrusted_types(file=path) if t not in SKOPS_TRUSTED_TYPES]
+    untrusted = sio.get_untrusted_types(file=path)
+    unknown = [t for t in untrusted if t not in trusted_types()]
     if unknown:
         _warn(f"loading {path} needs --trust, it holds the types {', '.join(unknown)}")
+    # the types the command line trusts that SKOPS_TRUSTED_TYPES does not list
+    more = [t for t in untrusted if t not in SKOPS_TRUSTED_TYPES and t not in unknown]
+    more_text = f" + {more!r}" if more else ""
     print(
         f"estimator written to {path} (skops.io.load(path, "
-        "trusted=onnxgrad_sklearn.SKOPS_TRUSTED_TYPES); fine-tune it with --init)"
+        f"trusted=onnxgrad_sklearn.SKOPS_TRUSTED_TYPES{more_text}); fine-tune it with --init)"
     )
 
 
