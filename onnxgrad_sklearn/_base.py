@@ -208,6 +208,9 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
         # that neither pickling nor unpickling needs onnx).
         state = dict(super().__getstate__())
         engine = state.pop("_engine", None)
+        state.pop("_given_onnx", None)
+        if type(state.get("estimator")).__name__ == "ModelProto":  # kept as its bytes
+            state["estimator"] = state["estimator"].SerializeToString()
         state.pop("_session", None)
         state.pop("_logit_session", None)
         if engine is not None:

@@ -69,7 +69,7 @@ def export_onnx(model, features: Sequence[str], target: str | None = None):
     if isinstance(model, TransformedTargetRegressor):
         onnx_model = model.regressor_.to_onnx()
         mean, scale = _scaling(model.transformer_)
-        _append_affine(onnx_model, scale, mean)
+        _append_affine(onnx_model, scale, mean, _prediction_output(model.regressor_))
         meta[META_TARGET_SCALING] = json.dumps({"mean": mean, "scale": scale})
     else:
         onnx_model = model.to_onnx()
@@ -80,13 +80,23 @@ def export_onnx(model, features: Sequence[str], target: str | None = None):
     return onnx_model
 
 
-def _append_affine(model, scale: float, offset: float) -> None:
-    """Turn the first output ``y`` into ``y * scale + offset``, keeping its name."""
+def _prediction_output(regressor):
+    """The exported graph's prediction output of a fitted regressor (None: its first)."""
+    from .families import family_of
+    from .templates import final_estimator
+
+    final = final_estimator(regressor.estimator_)
+    return family_of(final).prediction_output(final)
+
+
+def _append_affine(model, scale: float, offset: float, output=None) -> None:
+    """Turn the output ``output`` (default: the first) ``y`` into ``y * scale + offset``,
+    keeping its name."""
     import numpy as np
     from onnx import helper, numpy_helper
 
     graph = model.graph
-    out = graph.output[0].name
+    out = graph.output[0].name if output is None else output
     taken = {n for node in graph.node for n in (*node.input, *node.output)}
     taken |= {i.name for i in graph.initializer} | {i.name for i in graph.input}
 
@@ -104,7 +114,8 @@ def _append_affine(model, scale: float, offset: float) -> None:
             for i, name in enumerate(names):
                 if name == out:
                     names[i] = inner
-    dtype = helper.tensor_dtype_to_np_dtype(graph.output[0].type.tensor_type.elem_type)
+    info = next(o for o in graph.output if o.name == out)
+    dtype = helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type)
     scale_name, offset_name = unique("target_scale"), unique("target_mean")
     graph.initializer.extend(
         [

@@ -1,6 +1,6 @@
 """The types of this package that a fitted estimator's skops file holds."""
 
-from . import families, losses, optim, templates
+from . import families, losses, onnx_template, optim, templates
 from .classifier import OrtGradientClassifier
 from .regressor import OrtGradientRegressor
 
@@ -14,6 +14,7 @@ def _trusted_types():
         OrtGradientRegressor,
         templates.ConvertedTemplate,
         families.ParamRef,
+        onnx_template.OnnxTemplate,
         optim.LearningRateSchedule,
         losses.OneVsRestLogLoss,
     ]
@@ -21,6 +22,8 @@ def _trusted_types():
     names = [name(cls) for cls in fixed + registered]
     # fitted before the model families had their own module
     names.append("onnxgrad_sklearn.templates.ParamRef")
+    # fitted before the converted graph had its own module
+    names.append("onnxgrad_sklearn.templates.ConvertedTemplate")
     return sorted(set(names))
 
 

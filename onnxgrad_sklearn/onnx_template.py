@@ -149,9 +149,13 @@ class OnnxTemplate(BaseEstimator):
         return True  # an ONNX model holds its weights: training starts from them
 
     def __getstate__(self):
+        # the model as its bytes (a skops file holds no protobuf object), its parse and
+        # reading made again when first needed
         state = self.__dict__.copy()
         state.pop("_loaded", None)
         state.pop("_spec", None)
+        if type(state.get("model")).__name__ == "ModelProto":
+            state["model"] = state["model"].SerializeToString()
         return state
 
     def load(self):
@@ -593,7 +597,12 @@ class OnnxFamily(Family):
         kept = list(spec.trainable)
         for node in training_nodes(est.load())[1]:  # the running statistics, updated too
             kept += [n for n in node.input[3:5] if n in inits and n not in kept]
-        est.weights_ = {name: numpy_helper.to_array(inits[name]).copy() for name in kept}
+        # a fitted template (an estimator_) goes on from its trained weights
+        given = est.__dict__.get("weights_") or {}
+        est.weights_ = {
+            name: np.array(given[name]) if name in given else numpy_helper.to_array(inits[name])
+            for name in kept
+        }
         if task == "classification" and spec.logits != spec.output:
             view = OnnxTemplate(
                 est.model, trainable=est.trainable, frozen=est.frozen, output=est.output

@@ -670,3 +670,21 @@ def test_multilabel_with_sigmoid_outputs():
     assert clf.score(X, Y) > 0.8  # subset accuracy
     with pytest.raises(ValueError, match="an ONNX template whose output is a Sigmoid"):
         OrtGradientClassifier(OnnxTemplate(_linear_model(n_in=4, n_out=3))).fit(X, Y)
+
+
+def test_fitted_template_goes_on_from_its_weights_and_skops_round_trip(tmp_path):
+    skops = pytest.importorskip("skops.io")
+    from onnxgrad_sklearn import SKOPS_TRUSTED_TYPES
+
+    X = np.random.RandomState(0).randn(100, 3).astype(np.float32)
+    y = X @ np.array([1.0, -2.0, 0.5])
+    for given in (OnnxTemplate(_linear_model()), _linear_model()):
+        reg = OrtGradientRegressor(given, max_iter=20, learning_rate_init=0.05).fit(X, y)
+        path = tmp_path / "reg.skops"
+        skops.dump(reg, path)
+        loaded = skops.load(path, trusted=SKOPS_TRUSTED_TYPES)
+        np.testing.assert_array_equal(loaded.predict(X), reg.predict(X))
+    # the fitted template (estimator_) as a template: fine-tuned from its trained weights
+    again = OrtGradientRegressor(reg.estimator_, optimizer="sgd", learning_rate_init=1e-12)
+    again.fit(X, y)
+    np.testing.assert_allclose(again.predict(X), reg.predict(X), rtol=1e-6)

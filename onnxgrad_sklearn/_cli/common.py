@@ -164,13 +164,10 @@ def _load_model(path: str, trust: bool, what: str = "the model"):
 
 def trusted_types() -> list[str]:
     """The types of this package the command line loads from a .skops file without
-    ``--trust``: ``SKOPS_TRUSTED_TYPES`` and :class:`~onnxgrad_sklearn.OnnxTemplate`
-    (the template of a ``--model PATH.onnx`` fit, which holds the model's bytes)."""
+    ``--trust``: ``SKOPS_TRUSTED_TYPES``."""
     from .._trusted import SKOPS_TRUSTED_TYPES
-    from ..onnx_template import OnnxTemplate
 
-    onnx_template = f"{OnnxTemplate.__module__}.{OnnxTemplate.__qualname__}"
-    return sorted({*SKOPS_TRUSTED_TYPES, onnx_template})
+    return list(SKOPS_TRUSTED_TYPES)
 
 
 def _load_skops(path: str, trust: bool):
