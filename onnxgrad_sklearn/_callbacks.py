@@ -173,14 +173,15 @@ def shallow_state(estimator, optimizer_state=True) -> dict:
     return state
 
 
-def fitted_state(estimator, weights, attributes=None) -> dict:
+def fitted_state(estimator, weights, attributes=None, statistics=None) -> dict:
     """The attributes that make a copy of ``estimator`` predict with ``weights``.
 
     scikit-learn's ``fitted_estimator`` is ``copy.copy(estimator)`` given these
     attributes: the fitted state as ``fit`` would have left it had it stopped
     here (the ONNX model, ``estimator_`` with ``weights`` written in, the counters
     and curves so far, overridden by ``attributes``), without callbacks. The copy
-    makes its predict sessions when it first predicts.
+    makes its predict sessions when it first predicts. ``statistics``: the running
+    statistics of BatchNormalization trained in training mode, by name.
     """
     from .templates import _copy_sharing_arrays
 
@@ -191,7 +192,7 @@ def fitted_state(estimator, weights, attributes=None) -> dict:
     probe.estimator_ = _copy_sharing_arrays(estimator.estimator_)
     # the predict sessions are made by the copy's first predict (_run_onnx), not here:
     # a callback that does not predict (one that saves the copy) does not pay for them
-    store_weights(probe, weights, sessions=False)
+    store_weights(probe, weights, sessions=False, statistics=statistics)
     located = probe.__dict__.get("_export_converted")
     if located is not None:  # converted for the export once per fit, not once per epoch
         estimator.__dict__.setdefault("_export_converted", located)
@@ -237,7 +238,14 @@ class FitTask:
     def _fitted(self, weights, attributes):
         """``reconstruction_attributes``: evaluated by scikit-learn only when a hook
         takes ``fitted_estimator``."""
-        return lambda: fitted_state(self.estimator, weights(), attributes)
+
+        def reconstruct():
+            found = weights()  # the weights, or (the weights, the running statistics)
+            if isinstance(found, tuple):
+                return fitted_state(self.estimator, found[0], attributes, found[1])
+            return fitted_state(self.estimator, found, attributes)
+
+        return reconstruct
 
     def begin(self, name, weights, attributes=None) -> None:
         """Begin a subtask ``name``; ``weights()`` gives the weights at its start,

@@ -241,7 +241,7 @@ class Fit:
                     state.order = sample_idx
                 order = sample_idx if self.shuffle else None
                 task.show(self.progress())
-                task.begin("epoch", engine.get_weights)
+                task.begin("epoch", engine.snapshot)
                 epoch_loss = self._run_interruptible_epoch(train, order, best_weights)
                 if epoch_loss is None:  # diverged, weights set back, warned
                     task.close()
@@ -253,7 +253,7 @@ class Fit:
                     state.best_weights = best_weights
                 stop = self._stops(early_stopping, bar)
                 task.show(self.progress())
-                if task.end(engine.get_weights) and not stop:
+                if task.end(engine.snapshot) and not stop:
                     stop = self._report_callback_stop(early_stopping, bar)
                 if stop or incremental:
                     break

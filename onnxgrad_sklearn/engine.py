@@ -636,6 +636,11 @@ class TrainingEngine:
         found = getattr(self._backend, "statistics", None)
         return {} if found is None else found()
 
+    def snapshot(self) -> tuple:
+        """Copies of the current weights and running statistics (:meth:`statistics`):
+        what a callback's ``fitted_estimator`` predicts with."""
+        return self.get_weights(), self.statistics()
+
     def get_weights(self) -> list[np.ndarray]:
         """Return copies of the current weights."""
         return self._backend.get_weights()

@@ -688,3 +688,23 @@ def test_fitted_template_goes_on_from_its_weights_and_skops_round_trip(tmp_path)
     again = OrtGradientRegressor(reg.estimator_, optimizer="sgd", learning_rate_init=1e-12)
     again.fit(X, y)
     np.testing.assert_allclose(again.predict(X), reg.predict(X), rtol=1e-6)
+
+
+def test_a_callbacks_fitted_estimator_predicts_with_the_running_statistics():
+    torch = pytest.importorskip("torch")
+    from _helpers import QuietCallback
+
+    model = _training_export(torch, _bn_dropout_net(torch, ratio=0.0), torch.zeros(4, 10))
+    X, y = _diabetes()
+    seen = []
+
+    class Record(QuietCallback):
+        def on_fit_task_end(self, estimator, context, *, fitted_estimator=None):
+            if context.task_name == "epoch":
+                seen.append(fitted_estimator.predict(X[:10]))
+            return False
+
+    reg = OrtGradientRegressor(OnnxTemplate(model), max_iter=3, random_state=0)
+    reg.set_callbacks(Record())
+    reg.fit(X, y)
+    np.testing.assert_allclose(seen[-1], reg.predict(X[:10]), rtol=1e-6)
