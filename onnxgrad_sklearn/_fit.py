@@ -211,6 +211,8 @@ class Fit:
         if validation is not None and not early_stopping and self.validation_scores_ is None:
             self.validation_scores_, self.best_validation_score_ = [], -np.inf  # scored only
         best_weights = engine.get_weights() if early_stopping else None
+        # BatchNormalization's running statistics of the best epoch, kept with its weights
+        self._best_statistics = engine.statistics() if early_stopping else None
         n_samples = train.shape[0]
         batch_size = self._batch_size(n_samples)
         max_iter = 1 if incremental else self.max_iter
@@ -249,6 +251,7 @@ class Fit:
                     break
                 if self._end_epoch(epoch_loss, n_samples, validation, bar, early_stopping):
                     best_weights = engine.get_weights()
+                    self._best_statistics = engine.statistics()
                 if state is not None:
                     state.best_weights = best_weights
                 stop = self._stops(early_stopping, bar)
@@ -275,6 +278,7 @@ class Fit:
             )
         if early_stopping:
             engine.set_weights(best_weights)
+            engine.set_statistics(self._best_statistics)
         if state is not None and state.final_weights is not None:  # a callback's choice
             engine.set_weights(state.final_weights)
 
@@ -336,6 +340,7 @@ class Fit:
         except KeyboardInterrupt:
             if best_weights is not None:
                 engine.set_weights(best_weights)
+                engine.set_statistics(getattr(self, "_best_statistics", None))
                 kept = "the weights of its best epoch (early stopping)"
             else:
                 if not engine.weights_finite():

@@ -636,6 +636,12 @@ class TrainingEngine:
         found = getattr(self._backend, "statistics", None)
         return {} if found is None else found()
 
+    def set_statistics(self, statistics) -> None:
+        """Set the running statistics (:meth:`statistics`'s, by name; None or empty:
+        unchanged)."""
+        if statistics:
+            self._backend._run_state.set({"statistics": statistics})
+
     def snapshot(self) -> tuple:
         """Copies of the current weights and running statistics (:meth:`statistics`):
         what a callback's ``fitted_estimator`` predicts with."""

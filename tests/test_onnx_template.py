@@ -708,3 +708,16 @@ def test_a_callbacks_fitted_estimator_predicts_with_the_running_statistics():
     reg.set_callbacks(Record())
     reg.fit(X, y)
     np.testing.assert_allclose(seen[-1], reg.predict(X[:10]), rtol=1e-6)
+
+
+def test_early_stopping_keeps_the_best_epochs_running_statistics():
+    torch = pytest.importorskip("torch")
+    model = _training_export(torch, _bn_dropout_net(torch, ratio=0.0), torch.zeros(4, 10))
+    X, y = _diabetes()
+    reg = OrtGradientRegressor(
+        OnnxTemplate(model), early_stopping=True, n_iter_no_change=3, learning_rate_init=0.05,
+        max_iter=40, random_state=0,
+    )  # fmt: skip
+    reg.fit(X[:300], y[:300], X_val=X[300:], y_val=y[300:])
+    assert int(np.argmax(reg.validation_scores_)) < reg.n_iter_ - 1  # it went back
+    assert reg.score(X[300:], y[300:]) == pytest.approx(reg.best_validation_score_, rel=1e-5)
