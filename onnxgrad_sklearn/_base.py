@@ -307,14 +307,7 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
             )
             if first_call:
                 _setup.initialize(self, X, y2d, fitted, loss)
-            if optimizer.full_batch and getattr(self._converted, "training", None):
-                raise ValueError(
-                    f"optimizer={self.optimizer!r} trains on all the rows at once, and the "
-                    "ONNX template has Dropout or BatchNormalization in training mode, "
-                    "which draw masks and batch statistics from each batch: use a "
-                    "stochastic optimizer ('adam', 'sgd', ...), or export the model in "
-                    "inference mode."
-                )
+            _setup.check_batches_needed(self, optimizer)
             if first_call or not incremental or not hasattr(self, "_template_penalty"):
                 # partial_fit keeps the rows of its first call: one engine for every call
                 self._template_penalty = _setup.templates_penalty(

@@ -117,6 +117,18 @@ def fitted_onnx_head(est):
     return est.estimator_[:-1] if head is None else head
 
 
+def check_batches_needed(est, optimizer):
+    """Refuse a full-batch solver for a model with Dropout or BatchNormalization in
+    training mode (masks and statistics are drawn from each batch)."""
+    if optimizer.full_batch and getattr(est._converted, "training", None):
+        raise ValueError(
+            f"optimizer={est.optimizer!r} trains on all the rows at once, and the ONNX "
+            "template has Dropout or BatchNormalization in training mode, which draw "
+            "masks and batch statistics from each batch: use a stochastic optimizer "
+            "('adam', 'sgd', ...), or export the model in inference mode."
+        )
+
+
 def check_runtime(est, dtype):
     """Refuse a bad device, or a backend that cannot run here, before any work."""
     from .backends import check_backend  # imports onnx and onnxruntime: on first use

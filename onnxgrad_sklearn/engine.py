@@ -156,24 +156,28 @@ def build_training_graph(
     return out
 
 
-def _training_mode_graphs(
-    converted, graph, output_name, n_outputs, loss, alpha, l1_ratio, penalized, loss_input
-):
-    """The training graph of a model with Dropout or BatchNormalization in training mode,
-    and its inference graph, each with the running statistics as inputs; the training
-    graph also outputs their updated values, and says what its masks and statistics are
-    in its metadata (:data:`~onnxgrad_sklearn.backends.training_mode.METADATA_KEY`)."""
+def _training_graphs(model, settings):
+    """The training graph (:func:`build_training_graph` with ``settings``, its arguments
+    after the model) and the inference graph of ``model`` (a converted template, or an
+    ONNX model).
+
+    For Dropout or BatchNormalization in training mode (``model.training``), both have
+    the running statistics as inputs; the training graph is the training-mode graph, also
+    outputs the statistics' updated values, and says what its masks and statistics are
+    in its metadata (:data:`~onnxgrad_sklearn.backends.training_mode.METADATA_KEY`).
+    """
     import json
 
     from ._passes import initializers_as_inputs
     from .backends.training_mode import METADATA_KEY
 
-    mode = converted.training
+    graph = model.model if hasattr(model, "skeleton") else model
+    mode = getattr(model, "training", None)
+    if not mode:
+        return build_training_graph(graph, *settings), graph
     stats = [s[0] for s in mode["statistics"]]
-    built = build_training_graph(
-        converted.training_model(), output_name, n_outputs, loss, alpha, l1_ratio, penalized,
-        loss_input, keep_outputs=[s[1] for s in mode["statistics"]],
-    )  # fmt: skip
+    outputs = [s[1] for s in mode["statistics"]]
+    built = build_training_graph(model.training_model(), *settings, keep_outputs=outputs)
     built = initializers_as_inputs(built, stats)
     meta = {k: mode[k] for k in ("masks", "statistics")}
     entry = built.metadata_props.add()
@@ -498,22 +502,14 @@ class TrainingEngine:
             key = artifacts.stable_key("plan", parts)
 
         training_mode = getattr(converted, "training", None)
-
-        def training_graph():
-            graph = converted.model if converted is not None else model
-            if not training_mode:
-                built = build_training_graph(
-                    graph, output_name, n_outputs, loss, alpha, l1_ratio, penalized, loss_input
-                )
-                return built, graph
-            # Dropout and BatchNormalization in training mode: the running statistics
-            # are inputs (the step reads them) and outputs (it writes their new values)
-            return _training_mode_graphs(
-                converted, graph, output_name, n_outputs, loss, alpha, l1_ratio, penalized,
-                loss_input,
-            )  # fmt: skip
-
-        plan = self.plan = self._plan(key, training_graph, backend)
+        plan = self.plan = self._plan(
+            key,
+            lambda: _training_graphs(
+                converted if converted is not None else model,
+                (output_name, n_outputs, loss, alpha, l1_ratio, penalized, loss_input),
+            ),
+            backend,
+        )
         self.backend = plan.backend
         self._backend: Backend = make_backend(
             self.backend,
