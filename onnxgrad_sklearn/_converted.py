@@ -66,6 +66,9 @@ class ConvertedTemplate:
         graph's skeleton (``"skeleton"``), its dropout masks (``"masks"``: input, node,
         ratio, shape, dtype) and running statistics (``"statistics"``: initializer,
         output of its updated value); None otherwise.
+    origin : {"scikit-learn", "onnx"}
+        What the template was: a scikit-learn model converted by skl2onnx, or an ONNX
+        model (:class:`~onnxgrad_sklearn.OnnxTemplate`).
     key : str or None
         The key of the conversion's artifact (:mod:`onnxgrad_sklearn.artifacts`);
         None where the template's structure has none (it is converted at each fit).
@@ -82,6 +85,7 @@ class ConvertedTemplate:
     input_width: int
     key: str | None = None
     training: dict | None = None
+    origin: str = "scikit-learn"
 
     def __setattr__(self, name, value):
         if name in ("skeleton", "values", "initializer_names"):

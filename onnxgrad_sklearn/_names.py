@@ -12,3 +12,6 @@ SAMPLE_WEIGHT = "sample_weight"
 LOSS = "loss"
 #: The training graph's inputs holding the L2 and L1 coefficients of the penalty.
 PENALTY_INPUTS = ("penalty_l2", "penalty_l1")
+#: The training graph's metadata key saying it was made from an ONNX template
+#: (``backends.choose_backend`` gives such graphs to the standard backend by default).
+ONNX_TEMPLATE_KEY = "onnxgrad_sklearn.onnx_template"

@@ -39,7 +39,7 @@ import numpy as np
 from . import artifacts, backends, runtime
 from ._config import get_config
 from ._lazy import lazy
-from ._names import BATCH, LOSS, PENALTY_INPUTS, SAMPLE_WEIGHT, Y_TRUE
+from ._names import BATCH, LOSS, ONNX_TEMPLATE_KEY, PENALTY_INPUTS, SAMPLE_WEIGHT, Y_TRUE
 from .backends import Backend, build_plan, find_plan, make_backend
 from .losses import BaseLoss
 from .optim import BaseOptimizer
@@ -174,10 +174,16 @@ def _training_graphs(model, settings):
     graph = model.model if hasattr(model, "skeleton") else model
     mode = getattr(model, "training", None)
     if not mode:
-        return build_training_graph(graph, *settings), graph
+        built = build_training_graph(graph, *settings)
+        if getattr(model, "origin", None) == "onnx":  # backends.choose_backend reads it
+            entry = built.metadata_props.add()
+            entry.key, entry.value = ONNX_TEMPLATE_KEY, "1"
+        return built, graph
     stats = [s[0] for s in mode["statistics"]]
     outputs = [s[1] for s in mode["statistics"]]
     built = build_training_graph(model.training_model(), *settings, keep_outputs=outputs)
+    entry = built.metadata_props.add()
+    entry.key, entry.value = ONNX_TEMPLATE_KEY, "1"
     built = initializers_as_inputs(built, stats)
     meta = {k: mode[k] for k in ("masks", "statistics")}
     entry = built.metadata_props.add()

@@ -673,6 +673,7 @@ class OnnxFamily(Family):
             output_name=output,
             key=artifacts.stable_key("onnx-template", (digest, names, output)),
             training=training,
+            origin="onnx",
             **fields,
         )
         converted.values = converted.values_from(est)
@@ -765,14 +766,28 @@ def _keep_outputs(model, outputs, dtype) -> None:
 
 
 def _batch_symbol(model, input_name) -> None:
-    """The data input's first dimension a symbol (a model exported with a fixed batch)."""
+    """The data input's first dimension named :data:`~onnxgrad_sklearn._names.BATCH`, and
+    the same symbol wherever the graph's shapes name it (an exporter's ``s0`` or
+    ``batch_size``): the gradient builders tell the tensors that share the batch from it.
+    A model exported with a fixed batch gets the symbol on its input, and its recorded
+    intermediate shapes, which held that size, are dropped."""
     from ._names import BATCH
 
-    for value in model.graph.input:
-        if value.name == input_name:
-            dim = value.type.tensor_type.shape.dim[0]
-            if dim.HasField("dim_value"):
-                dim.dim_param = BATCH
+    graph = model.graph
+    dim = next(v for v in graph.input if v.name == input_name).type.tensor_type.shape.dim[0]
+    if dim.HasField("dim_value"):
+        dim.dim_param = BATCH
+        del graph.value_info[:]
+        for value in graph.output:
+            dims = value.type.tensor_type.shape.dim
+            if len(dims) and dims[0].HasField("dim_value"):
+                dims[0].dim_param = BATCH
+        return
+    old = dim.dim_param
+    for value in [*graph.input, *graph.output, *graph.value_info]:
+        for d in value.type.tensor_type.shape.dim:
+            if d.HasField("dim_param") and d.dim_param == old:
+                d.dim_param = BATCH
 
 
 OnnxTemplate._onnxgrad_family = OnnxFamily()

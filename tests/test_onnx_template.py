@@ -721,3 +721,30 @@ def test_early_stopping_keeps_the_best_epochs_running_statistics():
     reg.fit(X[:300], y[:300], X_val=X[300:], y_val=y[300:])
     assert int(np.argmax(reg.validation_scores_)) < reg.n_iter_ - 1  # it went back
     assert reg.score(X[300:], y[300:]) == pytest.approx(reg.best_validation_score_, rel=1e-5)
+
+
+def test_dynamo_export_trains_as_torch():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnxscript", reason="torch's dynamo exporter needs onnxscript")
+    from _torch_models import mlp, train_sgd
+
+    X, y = _diabetes()
+    X, y = X[:256], y[:256]
+    module = mlp(n_in=10)
+    program = torch.onnx.export(
+        module,
+        (torch.zeros(4, 10),),
+        dynamo=True,
+        input_names=["x"],
+        output_names=["out"],
+        dynamic_shapes=({0: torch.export.Dim("batch")},),
+    )
+    reg = OrtGradientRegressor(
+        OnnxTemplate(program.model_proto), optimizer="sgd", learning_rate_init=0.05,
+        batch_size=32, shuffle=False, max_iter=1,
+    )  # fmt: skip
+    reg.fit(X, y)
+    assert reg.backend_ == "standard"  # backend="auto" on an ONNX template
+    expected = train_sgd(module, X, y, "squared_error", 0.05, 32)
+    for name, value in expected.items():
+        np.testing.assert_allclose(reg.estimator_.weights_[name], value, rtol=1e-4, atol=1e-6)

@@ -34,7 +34,7 @@ import numpy as np
 
 from .. import artifacts
 from .._lazy import lazy
-from .._names import LOSS
+from .._names import LOSS, ONNX_TEMPLATE_KEY
 from ..runtime import device_to_providers
 from .base import Backend, shared_session
 
@@ -229,7 +229,8 @@ def _choose(backend, training, weight_names, device) -> tuple[str, str | None]:
         return backend, None
     from .training_mode import METADATA_KEY
 
-    if any(p.key == METADATA_KEY for p in training.metadata_props):
+    keys = {p.key for p in training.metadata_props}
+    if METADATA_KEY in keys:
         if backend == "agent":
             raise ValueError(
                 "backend='agent' cannot train Dropout or BatchNormalization in training "
@@ -237,6 +238,11 @@ def _choose(backend, training, weight_names, device) -> tuple[str, str | None]:
                 "backend='standard' (or 'auto', which picks it for these models)."
             )
         return "standard", "backend: standard (Dropout or BatchNormalization in training mode)"
+    if backend == "auto" and ONNX_TEMPLATE_KEY in keys:
+        return "standard", (
+            "backend: standard (an ONNX template: onnxruntime-training's gradient builder "
+            "is not trusted with graphs it was not checked on; backend='agent' asks for it)"
+        )
     if double:
         return "standard", "backend: standard (the training graph is float64)"
     unsupported = agent_unsupported_ops(training, weight_names)
