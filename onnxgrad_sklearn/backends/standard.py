@@ -516,7 +516,8 @@ class StandardBackend(Backend):
 
         from .training_mode import METADATA_KEY
 
-        mode = {p.key: json.loads(p.value) for p in inputs.metadata_props}.get(METADATA_KEY)
+        found = [p.value for p in inputs.metadata_props if p.key == METADATA_KEY]
+        mode = json.loads(found[-1]) if found else None
         # the masks and running statistics a training-mode graph reads are not the batch's
         other = set() if mode is None else {m[0] for m in mode["masks"]}
         other |= set() if mode is None else {s[0] for s in mode["statistics"]}
