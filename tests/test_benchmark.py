@@ -4,6 +4,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -82,6 +83,40 @@ def test_json_has_every_workload_and_framework(doc):
         ratios = doc["workloads"][name]["ratios"]
         if _have_agent():
             assert _positive_finite(ratios["standard_over_agent"])
+
+
+def test_floor_column_in_json(doc):
+    """The NumPy floor runs on every epoch workload, in a process without any framework."""
+    for name in WORKLOADS:
+        entry = doc["workloads"][name]
+        floor = entry["frameworks"]["floor"]
+        assert _positive_finite(floor["s_per_epoch"]), (name, floor)
+        assert set(floor["by_threads"]) == {"1", "2"}, name
+        assert floor["framework_modules_loaded"] == [], name  # numpy and threadpoolctl only
+        assert floor["blas"], name
+        for fw in _frameworks():
+            ratio = entry["ratios"][f"{fw}_over_floor"]
+            cell = entry["frameworks"][fw]
+            assert ratio == pytest.approx(cell["s_per_epoch"] / floor["s_per_epoch"]), (name, fw)
+            assert _positive_finite(entry["ratios"][f"{fw}_over_floor_best"]), (name, fw)
+        assert _positive_finite(
+            entry["ratios"]["standard_over_torch" if HAVE_TORCH else "sklearn_over_standard"]
+        )
+    for name in FITS:  # the floor is a column of the epoch workloads only
+        assert "floor" not in doc["fits"][name]["frameworks"]
+
+
+def test_floor_column_in_report(quick_run, doc):
+    _, proc = quick_run
+    label = "NumPy floor (matrix products and activations only)"
+    header = next(line for line in proc.stdout.splitlines() if line.startswith("| s/epoch"))
+    assert label in header
+    standard = doc["workloads"]["mlp_reg_b256"]["frameworks"]["standard"]["s_per_epoch"]
+    ratio = doc["workloads"]["mlp_reg_b256"]["ratios"]["standard_over_floor"]
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("| `mlp_reg_b256`"))
+    assert f"| {standard:.3f} ({ratio:.2f}x) |" in row
+    assert re.search(r"\| \d+\.\d{3} \((1|2); \d+\.\d{2}x\) \|", proc.stdout)  # best
+    assert "not a framework, a floor" in proc.stdout
 
 
 def test_small_data_fits_are_measured(doc):
