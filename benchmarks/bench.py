@@ -14,6 +14,9 @@ weights, equivalent update formulas) are trained by ``OrtGradientRegressor`` /
 a PyTorch CPU loop (skipped with a message when torch is not importable) and by
 scikit-learn's ``MLPRegressor`` / ``MLPClassifier`` (``SGDRegressor`` for the
 linear workload), each framework in its own processes, 2 threads everywhere.
+The epoch workloads also have a NumPy floor: the same matrix products and
+activations per batch, nothing else, at the same thread count; every framework's
+time is also given as a ratio to it.
 
 Reported, as ratios: seconds per epoch of the large workloads, whole fits of
 new estimators on small data (float32 and float64), predict latency, import
@@ -108,7 +111,7 @@ def main(argv=None) -> int:
         f"{name}/{fw}"
         for group in ("workloads", "fits")
         for name, e in doc[group].items()
-        for fw in ("agent", "standard", "sklearn")
+        for fw in ("agent", "standard", "sklearn", "floor")
         if fw in e["frameworks"] and e["frameworks"][fw]["median"] is None
     ]
     if failed:

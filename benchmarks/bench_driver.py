@@ -23,7 +23,7 @@ from collections import defaultdict
 from importlib import metadata
 
 from bench_common import HERE, RESULT_MARK, THREADS, cpu_ticks, fmt, load_average
-from bench_workloads import FITS, FRAMEWORKS, ORT_BACKENDS, WORKLOADS, frameworks_for
+from bench_workloads import FITS, FLOOR, FRAMEWORKS, ORT_BACKENDS, WORKLOADS, frameworks_for
 
 SCRIPT = os.path.join(HERE, "bench.py")
 
@@ -75,7 +75,7 @@ def plan(quick: bool) -> dict:
 
 def extras_for(name: str, framework: str, cfg: dict) -> list[str]:
     """The extra measurements (besides the epoch timings) made for a workload."""
-    if framework == "sklearn":
+    if framework in ("sklearn", FLOOR):
         return []
     if framework == "torch":
         return ["phases"]
@@ -234,14 +234,22 @@ def available_frameworks() -> list[str]:
     return [f for f in FRAMEWORKS if f != "torch" or have_torch]
 
 
+def epoch_columns(frameworks) -> list[str]:
+    """The columns of the epoch workloads: the frameworks, then the NumPy floor."""
+    return [*frameworks, FLOOR]
+
+
 def run_epoch_workloads(frameworks, cfg: dict) -> tuple[dict, dict]:
-    """One process per framework and round, doing every epoch workload; extras in round 1."""
+    """One process per column and round, doing every epoch workload; extras in round 1.
+
+    The columns are the frameworks and the floor (:func:`epoch_columns`), taking turns.
+    """
     cells = defaultdict(list)
     extras_cells = {}
     rows = "quick_rows" if cfg["quick"] else "rows"
     settings = {k: cfg[k] for k in ("epochs", "growth_epochs", "growth_marks", "startup_repeats")}
     for r in range(cfg["rounds"]):
-        for fw in frameworks:
+        for fw in epoch_columns(frameworks):
             jobs = [
                 {
                     "workload": name,

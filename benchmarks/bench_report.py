@@ -11,14 +11,35 @@ from collections import defaultdict
 import numpy as np
 from bench_common import THREADS, fmt
 from bench_driver import contention, cpu_model, uptime, versions
-from bench_workloads import FITS, FRAMEWORKS, ORT_BACKENDS, SKLEARN_NOTE, WORKLOADS
+from bench_workloads import (
+    EPOCH_COLUMNS,
+    FITS,
+    FLOOR,
+    FRAMEWORKS,
+    ORT_BACKENDS,
+    SKLEARN_NOTE,
+    WORKLOADS,
+)
 
 LABELS = {
     "agent": "ORT agent",
     "standard": "ORT standard",
     "torch": "PyTorch",
     "sklearn": "scikit-learn",
+    FLOOR: "NumPy floor (matrix products and activations only)",
 }
+
+#: What the floor column computes, under the epoch tables.
+FLOOR_NOTE = (
+    "NumPy floor (matrix products and activations only): not a framework, a floor. "
+    "NumPy float32 at the same BLAS thread count (threadpoolctl), the PyTorch loop's "
+    "epoch shuffle (a permuted copy of the data, then slices), and per batch only the "
+    "forward matrix products and ReLUs, the output layer, the output gradient (pred - y; "
+    "softmax - onehot for the classifier) and the backward products (A_prev.T @ dZ for "
+    "every layer, dZ @ W.T times the ReLU mask but for the first layer; the linear "
+    "model: X @ w and X.T @ r). No biases or bias gradients, no optimizer update, no "
+    "loss read back. In brackets after each framework's time: that time / the floor's."
+)
 
 
 #: The group of each target, by its number in the results.
@@ -93,10 +114,10 @@ def ratios(cells: dict, base: str) -> dict:
         for fw in FRAMEWORKS:
             if fw != base and s(fw) and s(base):
                 out[f"{fw}_over_{base}{suffix}"] = s(fw) / s(base)
-        if s("standard") and s("agent"):
+        if base != FLOOR and s("standard") and s("agent"):
             out[f"standard_over_agent{suffix}"] = s("standard") / s("agent")
         for fw in ORT_BACKENDS:
-            if s("sklearn") and s(fw) and base != "sklearn":
+            if s("sklearn") and s(fw) and base not in ("sklearn", FLOOR):
                 out[f"sklearn_over_{fw}{suffix}"] = s("sklearn") / s(fw)
     return out
 
@@ -136,15 +157,21 @@ def summarise(cells, extras_cells, fit_cells, daily, memory, frameworks, cfg) ->
             "sklearn_note": SKLEARN_NOTE.get(name, "MLP, same batch size and epochs"),
             "frameworks": {},
         }
-        for fw in frameworks:
+        for fw in (*frameworks, FLOOR):
             cell = cell_of(cells.get((name, fw), []))
             cell["s_per_epoch"] = cell["median"]
+            if fw == FLOOR:
+                for key in ("blas", "framework_modules_loaded"):
+                    first = next((r for r in cells.get((name, fw), []) if key in r), None)
+                    if first is not None:
+                        cell[key] = first[key]
             extra = extras_cells.get((name, fw)) or {}
             for key in ("phases_us", "startup", "rss_growth", "profile", "extras_others_share"):
                 if key in extra:
                     cell[key] = extra[key]
             entry["frameworks"][fw] = cell
         entry["ratios"] = ratios(entry["frameworks"], "torch")
+        entry["ratios"].update(ratios(entry["frameworks"], FLOOR))
         doc["workloads"][name] = entry
     for name, spec in FITS.items():
         entry = {"title": spec["title"], "dtype": spec["dtype"], "frameworks": {}}
@@ -351,11 +378,21 @@ def print_report(doc: dict) -> None:
         )
 
 
-def _value(entry, fw, key):
+def _value(entry, fw, key, floor: bool = False):
+    """A cell of a table: seconds, the threads in brackets for ``best``.
+
+    With ``floor``, the framework's time / the floor's follows (``0.165 (1.22x)``,
+    ``0.148 (2; 1.10x)``).
+    """
     cell = entry["frameworks"].get(fw, {})
-    if key == "best" and cell.get("best") is not None and cell.get("best_threads"):
-        return f"{cell['best']:.3f} ({cell['best_threads']})"
-    return fmt(cell.get(key))
+    value, brackets = cell.get(key), []
+    if key == "best" and value is not None and cell.get("best_threads"):
+        brackets.append(str(cell["best_threads"]))
+    if floor and fw != FLOOR and value is not None:
+        ratio = entry["ratios"].get(f"{fw}_over_{FLOOR}" + ("_best" if key == "best" else ""))
+        if ratio is not None:
+            brackets.append(f"{ratio:.2f}x")
+    return fmt(value) + (f" ({'; '.join(brackets)})" if brackets else "")
 
 
 def markdown(doc: dict, key: str = "median") -> str:
@@ -366,9 +403,10 @@ def markdown(doc: dict, key: str = "median") -> str:
     """
     suffix = "_best" if key == "best" else ""
     lines = [
-        "| s/epoch | ORT agent | ORT standard | PyTorch | scikit-learn | standard / agent "
+        "| s/epoch (x the floor) | ORT agent | ORT standard | PyTorch | scikit-learn "
+        f"| {LABELS[FLOOR]} | standard / agent "
         "| standard / PyTorch | agent / PyTorch | scikit-learn / standard |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, e in doc["workloads"].items():
         r = e["ratios"]
@@ -376,12 +414,14 @@ def markdown(doc: dict, key: str = "median") -> str:
         keys += ("sklearn_over_standard",)
         lines.append(
             f"| `{name}` | "
-            + " | ".join(_value(e, fw, key) for fw in FRAMEWORKS)
+            + " | ".join(_value(e, fw, key, floor=True) for fw in EPOCH_COLUMNS)
             + " | "
             + " | ".join(fmt(r.get(k + suffix), ".2f") for k in keys)
             + " |"
         )
     lines += [
+        "",
+        FLOOR_NOTE,
         "",
         "| s/whole fit | ORT agent | ORT standard | PyTorch | scikit-learn | standard / agent "
         "| agent / scikit-learn | standard / scikit-learn | PyTorch / scikit-learn |",
@@ -408,17 +448,23 @@ def plot(doc: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"agent": "#1f77b4", "standard": "#9467bd", "torch": "#ff7f0e", "sklearn": "#2ca02c"}
+    colors = {
+        "agent": "#1f77b4",
+        "standard": "#9467bd",
+        "torch": "#ff7f0e",
+        "sklearn": "#2ca02c",
+        FLOOR: "#7f7f7f",
+    }
     fig, axes = plt.subplots(1, 2, figsize=(14, 4.8), gridspec_kw={"width_ratios": [4, 4]})
     panels = [
         (axes[0], doc["workloads"], "s_per_epoch", "seconds per epoch (median; bars: min-max)"),
         (axes[1], doc["fits"], "s_per_fit", "seconds per whole fit (median; bars: min-max)"),
     ]
-    width = 0.2
-    for ax, entries, key, ylabel in panels:
+    for (ax, entries, key, ylabel), columns in zip(panels, (EPOCH_COLUMNS, FRAMEWORKS)):
         names = list(entries)
         x = np.arange(len(names))
-        for k, fw in enumerate(FRAMEWORKS):
+        width = 0.8 / len(columns)
+        for k, fw in enumerate(columns):
             values, lo, hi = [], [], []
             for name in names:
                 cell = entries[name]["frameworks"].get(fw, {})
@@ -429,7 +475,7 @@ def plot(doc: dict, path: str) -> None:
             if not any(values):
                 continue
             bars = ax.bar(
-                x + (k - 1.5) * width,
+                x + (k - (len(columns) - 1) / 2) * width,
                 values,
                 width,
                 yerr=[lo, hi],

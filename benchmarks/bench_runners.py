@@ -45,8 +45,10 @@ from bench_common import (
 )
 from bench_workloads import (
     FITS,
+    FLOOR,
     ORT_BACKENDS,
     WORKLOADS,
+    floor_trainer,
     make_data,
     model_memory,
     ort_estimator,
@@ -285,11 +287,52 @@ def run_sklearn_epochs(spec: dict, task: dict, X, y) -> dict:
     return res
 
 
+#: Modules the floor's process must not load (its imports: numpy and threadpoolctl).
+FRAMEWORK_MODULES = ("torch", "sklearn", "onnx", "onnxruntime", "onnxgrad_sklearn")
+
+
+def run_floor_epochs(spec: dict, task: dict, X, y) -> dict:
+    """The floor: NumPy's matrix products and activations of every batch, per epoch.
+
+    :func:`bench_workloads.floor_step` over the epoch shuffle of the PyTorch loop,
+    float32, the BLAS threads set with threadpoolctl for each thread count (as
+    :func:`run_sklearn_epochs`); a warm-up epoch, then ``repeats`` x ``epochs``.
+    """
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    res: dict = {"samples_by_threads": {}}
+    for k, threads in enumerate(task.get("threads", [THREADS])):
+        epoch = floor_trainer(spec, X, y)
+        samples, shares = [], []
+        with threadpool_limits(threads):
+            epoch()  # warm-up
+            for _ in range(task["repeats"]):
+                with CpuWindow() as window:
+                    t0 = time.perf_counter()
+                    for _ in range(task["epochs"]):
+                        epoch()
+                    samples.append((time.perf_counter() - t0) / task["epochs"])
+                shares.append(window.share)
+        res["samples_by_threads"][str(threads)] = samples
+        if k == 0:
+            res.update(samples=samples, samples_others_share=shares)
+            res["peak_rss_timing_mb"] = peak_rss_mb()
+    res["blas"] = [
+        {key: pool.get(key) for key in ("internal_api", "version", "num_threads")}
+        for pool in threadpool_info()
+    ]
+    res["framework_modules_loaded"] = [
+        m for m in FRAMEWORK_MODULES if any(k == m or k.startswith(m + ".") for k in sys.modules)
+    ]
+    return res
+
+
 def epochs_runner(framework: str):
-    """The epoch worker of a framework."""
+    """The epoch worker of a framework (or of the floor)."""
     if framework in ORT_BACKENDS:
         return run_ort_epochs
-    return {"torch": run_torch_epochs, "sklearn": run_sklearn_epochs}[framework]
+    runners = {"torch": run_torch_epochs, "sklearn": run_sklearn_epochs, FLOOR: run_floor_epochs}
+    return runners[framework]
 
 
 # ---------------------------------------------------------------------------
@@ -485,6 +528,8 @@ def worker_main(payload: str) -> int:
     elif framework == "sklearn":
         import sklearn.linear_model  # noqa: F401
         import sklearn.neural_network  # noqa: F401
+    elif framework == FLOOR:
+        import threadpoolctl  # noqa: F401  (numpy is imported with this module)
     else:
         import onnx  # noqa: F401
         import onnx_ad  # noqa: F401

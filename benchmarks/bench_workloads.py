@@ -12,6 +12,9 @@ The columns (:data:`FRAMEWORKS`): this package with each backend (``agent``:
 onnxruntime-training's TrainingAgent, ``standard``: onnx-ad gradient graphs),
 a PyTorch loop and scikit-learn, all from the same data, the same initial
 weights (scikit-learn's Glorot draws for the MLPs) and equivalent update rules.
+The epoch workloads have one more column, :data:`FLOOR`: NumPy computing only the
+matrix products and activations of each batch (:func:`floor_step`), the time no
+framework can go below with the same BLAS at the same thread count.
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ from bench_common import SEED, THREADS
 FRAMEWORKS = ("agent", "standard", "torch", "sklearn")
 #: The columns that are this package (``framework`` -> ``backend``).
 ORT_BACKENDS = ("agent", "standard")
+#: The epoch workloads' reference column: NumPy's matrix products and activations only.
+FLOOR = "floor"
+#: Columns of the epoch tables: the frameworks, then the floor.
+EPOCH_COLUMNS = (*FRAMEWORKS, FLOOR)
 
 #: Epoch workloads; ``quick_rows`` replaces ``rows`` with --quick.
 WORKLOADS = {
@@ -351,5 +358,71 @@ def torch_trainer(spec: dict, X, y, threads: int = THREADS):
                 phases["backward"] += t3 - t2
                 phases["update"] += t4 - t3
         return total / n
+
+    return epoch
+
+
+def floor_weights(spec: dict) -> list:
+    """The floor's float32 weight matrices: the MLPs' Glorot draws, zeros for the linear model.
+
+    The same initial weights as the other columns (biases left out: the floor has none).
+    """
+    if spec["kind"] == "linear":
+        return [np.zeros((spec["features"], 1), dtype=np.float32)]
+    coefs, _ = glorot_weights(layer_units(spec))
+    return [np.ascontiguousarray(c, dtype=np.float32) for c in coefs]
+
+
+def floor_step(weights: list, xb, yb, kind: str) -> list:
+    """The floor's work on one batch; return the gradient of each weight matrix.
+
+    Forward: ``A = max(A_prev @ W, 0)`` for the hidden layers, ``Z = A @ W`` for the
+    output layer (the linear model: ``X @ w``). Output gradient: ``Z - y`` (squared
+    error; ``yb`` a column) or, for ``mlp_clf``, ``softmax(Z) - onehot(y)``. Backward,
+    for each layer from the last: ``A_prev.T @ dZ``, then, except for the first layer,
+    ``dZ @ W.T`` times the ReLU mask. No bias, no bias gradients, no update, no loss.
+    """
+    acts = [xb]
+    a = xb
+    for w in weights[:-1]:
+        a = a @ w
+        np.maximum(a, 0, out=a)
+        acts.append(a)
+    dz = a @ weights[-1]
+    if kind == "mlp_clf":
+        dz -= dz.max(axis=1, keepdims=True)
+        np.exp(dz, out=dz)
+        dz /= dz.sum(axis=1, keepdims=True)
+        dz[np.arange(dz.shape[0]), yb] -= 1.0
+    else:
+        dz -= yb
+    grads = [None] * len(weights)
+    for i in range(len(weights) - 1, -1, -1):
+        grads[i] = acts[i].T @ dz
+        if i > 0:
+            dz = dz @ weights[i].T
+            dz *= acts[i] > 0
+    return grads
+
+
+def floor_trainer(spec: dict, X, y):
+    """Return ``epoch()``: the floor's work over one epoch of a workload (float32 NumPy).
+
+    The epoch shuffle of :func:`torch_trainer` (a permuted copy of the data, then
+    slices of the batch size), then :func:`floor_step` on each batch; the weights
+    never change. The BLAS threads are the caller's (threadpoolctl).
+    """
+    weights = floor_weights(spec)
+    kind = spec["kind"]
+    y_model = y if kind == "mlp_clf" else y.reshape(-1, 1)
+    batch = spec["batch"]
+    n = X.shape[0]
+    rng = np.random.RandomState(SEED)
+
+    def epoch():
+        idx = rng.permutation(n)
+        Xe, ye = X[idx], y_model[idx]
+        for start in range(0, n, batch):
+            floor_step(weights, Xe[start : start + batch], ye[start : start + batch], kind)
 
     return epoch

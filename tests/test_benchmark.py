@@ -4,9 +4,11 @@ import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -83,6 +85,40 @@ def test_json_has_every_workload_and_framework(doc):
             assert _positive_finite(ratios["standard_over_agent"])
 
 
+def test_floor_column_in_json(doc):
+    """The NumPy floor runs on every epoch workload, in a process without any framework."""
+    for name in WORKLOADS:
+        entry = doc["workloads"][name]
+        floor = entry["frameworks"]["floor"]
+        assert _positive_finite(floor["s_per_epoch"]), (name, floor)
+        assert set(floor["by_threads"]) == {"1", "2"}, name
+        assert floor["framework_modules_loaded"] == [], name  # numpy and threadpoolctl only
+        assert floor["blas"], name
+        for fw in _frameworks():
+            ratio = entry["ratios"][f"{fw}_over_floor"]
+            cell = entry["frameworks"][fw]
+            assert ratio == pytest.approx(cell["s_per_epoch"] / floor["s_per_epoch"]), (name, fw)
+            assert _positive_finite(entry["ratios"][f"{fw}_over_floor_best"]), (name, fw)
+        assert _positive_finite(
+            entry["ratios"]["standard_over_torch" if HAVE_TORCH else "sklearn_over_standard"]
+        )
+    for name in FITS:  # the floor is a column of the epoch workloads only
+        assert "floor" not in doc["fits"][name]["frameworks"]
+
+
+def test_floor_column_in_report(quick_run, doc):
+    _, proc = quick_run
+    label = "NumPy floor (matrix products and activations only)"
+    header = next(line for line in proc.stdout.splitlines() if line.startswith("| s/epoch"))
+    assert label in header
+    standard = doc["workloads"]["mlp_reg_b256"]["frameworks"]["standard"]["s_per_epoch"]
+    ratio = doc["workloads"]["mlp_reg_b256"]["ratios"]["standard_over_floor"]
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("| `mlp_reg_b256`"))
+    assert f"| {standard:.3f} ({ratio:.2f}x) |" in row
+    assert re.search(r"\| \d+\.\d{3} \((1|2); \d+\.\d{2}x\) \|", proc.stdout)  # best
+    assert "not a framework, a floor" in proc.stdout
+
+
 def test_small_data_fits_are_measured(doc):
     assert set(FITS) <= set(doc["fits"])
     for name in FITS:
@@ -136,6 +172,113 @@ def test_png_is_written(quick_run):
     data = png.read_bytes()
     assert data[:8] == PNG_SIGNATURE
     assert len(data) > 1000
+
+
+# ---------------------------------------------------------------------------
+# the floor's work: the right products, on tiny workloads
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def workloads(monkeypatch):
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
+    import bench_workloads
+
+    return bench_workloads
+
+
+def _tiny(kind):
+    rng = np.random.default_rng(3)
+    spec = {"kind": kind, "features": 7, "batch": 9}
+    if kind == "mlp_reg":
+        spec["hidden"] = (5, 4)
+    elif kind == "mlp_clf":
+        spec.update(hidden=(6,), classes=3)
+    X = rng.standard_normal((9, 7))
+    y = rng.integers(0, 3, 9) if kind == "mlp_clf" else rng.standard_normal((9, 1))
+    return spec, X, y
+
+
+def _floor_inputs(workloads, kind):
+    spec, X, y = _tiny(kind)
+    weights = [w.astype(np.float64) for w in workloads.floor_weights(spec)]
+    if kind == "linear":  # the floor starts from zeros, as the PyTorch loop: use others
+        weights = [np.random.default_rng(4).standard_normal((7, 1))]
+    return spec, X, y, weights
+
+
+@pytest.mark.parametrize("kind", ["mlp_reg", "mlp_clf", "linear"])
+def test_floor_gradients_match_autograd(workloads, kind):
+    """Every weight gradient of one batch equals autograd's: no product missing or transposed."""
+    torch = pytest.importorskip("torch")
+    spec, X, y, weights = _floor_inputs(workloads, kind)
+    assert [w.shape for w in weights] == (
+        [(7, 1)]
+        if kind == "linear"
+        else list(zip(workloads.layer_units(spec)[:-1], workloads.layer_units(spec)[1:]))
+    )
+    grads = workloads.floor_step(weights, X, y, kind)
+    ws = [torch.tensor(w, requires_grad=True) for w in weights]
+    a = torch.tensor(X)
+    for w in ws[:-1]:
+        a = torch.relu(a @ w)
+    z = a @ ws[-1]
+    if kind == "mlp_clf":  # d/dZ = softmax(Z) - onehot(y)
+        loss = torch.nn.functional.cross_entropy(z, torch.tensor(y), reduction="sum")
+    else:  # d/dZ = Z - y
+        loss = 0.5 * ((z - torch.tensor(y)) ** 2).sum()
+    loss.backward()
+    assert len(grads) == len(ws)
+    for g, w in zip(grads, ws):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_floor_gradients_match_finite_differences(workloads):
+    """The same without torch: central differences of 0.5 * sum((Z - y)^2), 2 layers."""
+    spec, X, y, weights = _floor_inputs(workloads, "mlp_reg")
+    weights = weights[1:]  # 5-4-1 on the first 5 features: two weight matrices
+    X = X[:, :5]
+
+    def loss(ws):
+        h = np.maximum(X @ ws[0], 0)
+        return 0.5 * np.sum((h @ ws[1] - y) ** 2)
+
+    grads = workloads.floor_step(weights, X, y, "mlp_reg")
+    for k, w in enumerate(weights):
+        numeric = np.zeros_like(w)
+        for idx in np.ndindex(w.shape):
+            plus = [v.copy() for v in weights]
+            minus = [v.copy() for v in weights]
+            plus[k][idx] += 1e-6
+            minus[k][idx] -= 1e-6
+            numeric[idx] = (loss(plus) - loss(minus)) / 2e-6
+        np.testing.assert_allclose(grads[k], numeric, rtol=1e-5, atol=1e-7)
+
+
+def test_floor_epoch_visits_the_shuffled_batches(workloads, monkeypatch):
+    """An epoch: float32, the PyTorch loop's permutation and slices, weights unchanged."""
+    spec = {**workloads.WORKLOADS["mlp_reg_b256"], "batch": 64}
+    X, y = workloads.make_data(spec, 300)
+    calls = []
+    real = workloads.floor_step
+
+    def spy(weights, xb, yb, kind):
+        calls.append((xb.copy(), yb.copy(), [w.copy() for w in weights]))
+        return real(weights, xb, yb, kind)
+
+    monkeypatch.setattr(workloads, "floor_step", spy)
+    epoch = workloads.floor_trainer(spec, X, y)
+    epoch()
+    idx = np.random.RandomState(workloads.SEED).permutation(300)
+    assert [len(c[0]) for c in calls] == [64, 64, 64, 64, 44]
+    np.testing.assert_array_equal(np.concatenate([c[0] for c in calls]), X[idx])
+    np.testing.assert_array_equal(np.concatenate([c[1] for c in calls]).ravel(), y[idx])
+    first, last = calls[0][2], calls[-1][2]
+    assert all(w.dtype == np.float32 for w in first)
+    assert all(np.array_equal(a, b) for a, b in zip(first, last))  # no update
+    coefs, _ = workloads.glorot_weights(workloads.layer_units(spec))
+    assert all(np.array_equal(a, c.astype(np.float32)) for a, c in zip(first, coefs))
 
 
 # ---------------------------------------------------------------------------
