@@ -49,9 +49,9 @@ most, while that share is above ``--busy`` (10%); the quietest try is kept.
 
 Then, in other processes not timed, the steps of ``cnn``, ``cnn_frozen`` and ``text``
 are profiled for each framework: onnxruntime's profiler
-(``SessionOptions.enable_profiling`` through the package's ``SESSION_OPTIONS_HOOKS``,
-every session of a first fit of ``--profile-batches`` batches), kernel time per batch
-by operator, and ``torch.profiler`` over as many batches after a warm-up epoch (self
+(``SessionOptions.enable_profiling`` through the package's ``SESSION_OPTIONS_HOOKS``:
+every session of a fit of 2 s or more, epochs over ``--profile-batches`` batches),
+kernel time per batch by operator, and ``torch.profiler`` over as many batches after a warm-up epoch (self
 CPU time by operator).
 
 Output: ``DIR/onnx_templates.json`` and a Markdown table, printed.
@@ -135,6 +135,8 @@ DISTRIBUTIONS = (
     "numpy",
     "scikit-learn",
 )
+#: The benchmark's own modules (the commit's state of these is recorded).
+SOURCES = ("onnx_templates", "bench_common", "bench_driver")
 #: Nodes whose profiled time includes their subgraphs' nodes (counted apart).
 CONTROL_FLOW = ("If", "Loop", "Scan")
 HEAVY_MODULES = ("torch", "onnxruntime", "onnxruntime.training", "onnx", "onnx_ad", "skl2onnx")
@@ -386,6 +388,7 @@ def profile_worker(task: dict) -> dict:
                 loss.item()
 
         epoch()  # warm-up
+        epochs = 1
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             t = time.perf_counter()
             epoch()
@@ -404,14 +407,15 @@ def profile_worker(task: dict) -> dict:
         tmp = tempfile.mkdtemp(prefix="onnx_templates_prof_")
         counter = iter(range(10**6))
 
-        def make():
+        def make(max_iter):
             return OrtGradientClassifier(
                 OnnxTemplate(task["model_path"], frozen=spec["frozen"]),
                 optimizer="adam",
                 learning_rate_init=LR,
                 alpha=0.0,
                 batch_size=spec["batch"],
-                max_iter=1,
+                max_iter=max_iter,
+                n_iter_no_change=max_iter + 1,
                 shuffle=False,
                 backend=fw,
                 n_jobs=THREADS,
@@ -422,15 +426,25 @@ def profile_worker(task: dict) -> dict:
             so.enable_profiling = True
             so.profile_file_prefix = os.path.join(tmp, f"s{next(counter)}")
 
-        # The first fit of the process: every session is new (the hook is part of the
-        # pool's key); the sessions write their profiles when they are freed.
+        # onnxruntime names a profile after its options' prefix and the second the
+        # session was made, opens it then and writes it when the session is freed: a
+        # session made from the same options in the same second as the step session,
+        # after the step session was freed (the fit's end), would empty its file. The
+        # profiled fit (new sessions: the hook is part of the pool's key) lasts 2 s or
+        # more: as many epochs over the batches as an unprofiled fit says.
+        t = time.perf_counter()
+        make(1).fit(X, y)
+        epochs = min(50, max(2, int(2.0 / (time.perf_counter() - t)) + 1))
         SESSION_OPTIONS_HOOKS.append(profiling)
         try:
             t = time.perf_counter()
-            make().fit(X, y)
+            est = make(epochs).fit(X, y)
             wall = time.perf_counter() - t
         finally:
             SESSION_OPTIONS_HOOKS.remove(profiling)
+        epochs = est.n_iter_
+        n_batches *= epochs
+        del est
         SESSIONS.clear()
         gc.collect()
         # Read event by event (one a line): two sessions made in the same second from
@@ -461,6 +475,7 @@ def profile_worker(task: dict) -> dict:
     return {
         "framework": fw,
         "batches": n_batches,
+        "epochs": epochs,
         "wall_us_per_batch_profiled": wall / n_batches * 1e6,
         "kernel_us_per_batch": sum(by_op.values()) / n_batches,
         "control_flow_us_per_batch": {op: v / n_batches for op, v in control.items()},
@@ -760,7 +775,7 @@ def run(cfg: dict) -> dict:
     return {
         "meta": {
             "date": datetime.date.today().isoformat(),
-            **git_state(),
+            **git_state("onnxgrad_sklearn", *(f"benchmarks/{m}.py" for m in SOURCES)),
             "python": sys.version.split()[0],
             "versions": versions(),
             "cpu": cpu_model(),
