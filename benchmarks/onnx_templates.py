@@ -51,8 +51,8 @@ Then, in other processes not timed, the steps of ``cnn``, ``cnn_frozen`` and ``t
 are profiled for each framework: onnxruntime's profiler
 (``SessionOptions.enable_profiling`` through the package's ``SESSION_OPTIONS_HOOKS``:
 every session of a fit of 2 s or more, epochs over ``--profile-batches`` batches),
-kernel time per batch by operator, and ``torch.profiler`` over as many batches after a warm-up epoch (self
-CPU time by operator).
+kernel time per batch by operator, and ``torch.profiler`` over as many batches after a
+warm-up epoch (self CPU time by operator).
 
 Output: ``DIR/onnx_templates.json`` and a Markdown table, printed.
 """
@@ -177,6 +177,22 @@ def torch_module(kind: str):
     return Text() if kind == "text" else CNN()
 
 
+def torch_trainer(name: str):
+    """The module of a workload and its Adam optimizer; the frozen weights (the
+    workload's patterns) with ``requires_grad=False``, left out of the optimizer."""
+    import fnmatch
+
+    import torch
+
+    spec = WORKLOADS[name]
+    module = torch_module(spec["module"])
+    for pname, p in module.named_parameters():
+        if any(fnmatch.fnmatch(pname, pattern) for pattern in spec["frozen"] or []):
+            p.requires_grad_(False)
+    opt = torch.optim.Adam([p for p in module.parameters() if p.requires_grad], lr=LR)
+    return module, opt
+
+
 def make_data(name: str, rows: int):
     """Synthetic data of a workload (fixed seed): ``X``, integer classes ``y``."""
     import numpy as np
@@ -274,11 +290,7 @@ def worker(task: dict, t0: float) -> dict:
     out["import_s"], out["data_s"] = t1 - t0, t2 - t1
     if fw == "torch":
         Xt, yt = torch.from_numpy(X), torch.from_numpy(y)
-        module = torch_module(spec["module"])
-        for pname, p in module.named_parameters():
-            if spec["frozen"] and pname.split(".")[0] in ("c1", "c2"):
-                p.requires_grad_(False)
-        opt = torch.optim.Adam([p for p in module.parameters() if p.requires_grad], lr=LR)
+        module, opt = torch_trainer(name)
         batch = spec["batch"]
 
         def epoch():
@@ -374,8 +386,7 @@ def profile_worker(task: dict) -> dict:
         from torch.profiler import ProfilerActivity, profile
 
         torch.set_num_threads(THREADS)
-        module = torch_module(spec["module"])
-        opt = torch.optim.Adam(module.parameters(), lr=LR)
+        module, opt = torch_trainer(name)
         Xt, yt = torch.from_numpy(X), torch.from_numpy(y)
 
         def epoch():
@@ -875,7 +886,7 @@ def markdown(doc: dict) -> str:
         "Microseconds per batch: the timed epochs' (epoch / batches), then the kernels' under "
         "the profiler (onnxruntime's for ours, torch.profiler's self CPU time for PyTorch), "
         "by operator (the sum over the batches profiled, per batch; ours: every session of "
-        "a first fit):",
+        "a fit of 2 s or more):",
         "",
     ]
     for name, by_fw in doc["profiles"].items():
