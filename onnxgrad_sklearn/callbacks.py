@@ -712,19 +712,7 @@ class Checkpoint:
         ]
         mode = optimizer.pop("training_mode", None)
         if mode is not None:  # BatchNormalization's statistics, Dropout's random state
-            rng = mode["mask_random_state"]
-            optimizer["training_mode"] = {
-                "statistics": {
-                    name: arrays[f"statistic_{k}"] for k, name in enumerate(mode["statistics"])
-                },
-                "mask_random_state": (
-                    rng["name"],
-                    arrays["mask_random_state_key"],
-                    rng["pos"],
-                    rng["has_gauss"],
-                    rng["cached_gaussian"],
-                ),
-            }
+            optimizer["training_mode"] = _training_mode_read(mode, arrays)
         best = None
         if meta["n_best"] is not None:
             best = [arrays[f"best_{i}"] for i in range(meta["n_best"])]
@@ -779,19 +767,7 @@ class Checkpoint:
                 arrays[f"state_{i}_{j}"] = np.asarray(value)
         mode = optimizer.get("training_mode")
         if mode is not None:
-            for k, value in enumerate(mode["statistics"].values()):
-                arrays[f"statistic_{k}"] = np.asarray(value)
-            rng_name, rng_key, rng_pos, rng_gauss, rng_cached = mode["mask_random_state"]
-            arrays["mask_random_state_key"] = rng_key
-            mode = {
-                "statistics": list(mode["statistics"]),
-                "mask_random_state": {
-                    "name": rng_name,
-                    "pos": int(rng_pos),
-                    "has_gauss": int(rng_gauss),
-                    "cached_gaussian": float(rng_cached),
-                },
-            }
+            mode = _training_mode_written(mode, arrays)
         best = state.best_weights
         for i, w in enumerate(best or ()):
             arrays[f"best_{i}"] = w
@@ -1007,3 +983,37 @@ def _pid_alive(pid) -> bool:
     except PermissionError:  # it runs, as another user
         return True
     return True
+
+
+def _training_mode_written(mode, arrays) -> dict:
+    """A training-mode model's running statistics and masks' random state
+    (``RunState.get``): the arrays put into ``arrays``, the rest returned for the
+    checkpoint's metadata."""
+    for k, value in enumerate(mode["statistics"].values()):
+        arrays[f"statistic_{k}"] = np.asarray(value)
+    name, key, pos, has_gauss, cached = mode["mask_random_state"]
+    arrays["mask_random_state_key"] = key
+    return {
+        "statistics": list(mode["statistics"]),
+        "mask_random_state": {
+            "name": name,
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+    }
+
+
+def _training_mode_read(mode, arrays) -> dict:
+    """What :func:`_training_mode_written` wrote, as ``RunState.set`` takes it."""
+    rng = mode["mask_random_state"]
+    return {
+        "statistics": {name: arrays[f"statistic_{k}"] for k, name in enumerate(mode["statistics"])},
+        "mask_random_state": (
+            rng["name"],
+            arrays["mask_random_state_key"],
+            rng["pos"],
+            rng["has_gauss"],
+            rng["cached_gaussian"],
+        ),
+    }

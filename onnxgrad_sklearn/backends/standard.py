@@ -856,7 +856,7 @@ class StandardBackend(Backend):
                 run.binding.bind_ortvalue_input(name, value)
         state = self._run_state
         if state is not None:  # fresh masks, the statistics read and written
-            alive = self._bind_run_state(run.binding, state, X.shape[0])
+            alive = state.bind(run.binding, X.shape[0])
         self._run(run.session, run.binding)
         loss = float(self._loss_array)
         if not np.isfinite(loss):
@@ -868,22 +868,6 @@ class StandardBackend(Backend):
         # call) finds the step applied or not
         self._previous, self.step, b.current = (b.current, self.step), self.step + 1, target
         return loss
-
-    def _bind_run_state(self, binding, state, batch: int, train: bool = True) -> list:
-        """Bind a training-mode graph's masks and statistics (CPU inputs, copied to the
-        device when bound); return the arrays and views bound, to keep alive until the run
-        returns (a view does not hold its array)."""
-        alive = []
-        outputs = state.step_outputs() if train else {}
-        for name, value in state.step_inputs(batch, train).items():
-            view = ortvalue_view(value)
-            alive.extend((value, view))
-            binding.bind_ortvalue_input(name, view)
-        for name, value in outputs.items():
-            view = ortvalue_view(value)
-            alive.extend((value, view))
-            binding.bind_ortvalue_output(name, view)
-        return alive
 
     def get_state(self) -> dict:
         state = super().get_state()

@@ -939,6 +939,24 @@ class RunState:
         """The arrays a step writes its updated statistics into, by output name."""
         return {s.output: v for s, v in zip(self.statistics, self._next)}
 
+    def bind(self, binding, batch: int) -> list:
+        """Bind fresh masks and the statistics a step reads and writes to ``binding``
+        (an IO binding: CPU values, copied to the device when bound); return the arrays
+        and views bound, to keep alive until the run returns (a view does not hold its
+        array)."""
+        from ..runtime import ortvalue_view
+
+        alive = []
+        for name, value in self.step_inputs(batch).items():
+            view = ortvalue_view(value)
+            alive.extend((value, view))
+            binding.bind_ortvalue_input(name, view)
+        for name, value in self.step_outputs().items():
+            view = ortvalue_view(value)
+            alive.extend((value, view))
+            binding.bind_ortvalue_output(name, view)
+        return alive
+
     def commit(self) -> None:
         """The step is kept: its statistics become the current ones."""
         self._previous = self.current
