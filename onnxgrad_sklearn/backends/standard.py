@@ -551,8 +551,13 @@ class StandardBackend(Backend):
 
     @property
     def training_model(self) -> onnx.ModelProto:
-        """The training graph with the weights as inputs, as a new model at each read."""
-        return self.plan.model("training.onnx")
+        """The training graph with the weights as inputs, parsed from the plan once per
+        backend (when its first step graph of a batch shape is built: the passes copy it,
+        none modifies it)."""
+        found = self.__dict__.get("_training_model")
+        if found is None:
+            found = self.__dict__["_training_model"] = self.plan.model("training.onnx")
+        return found
 
     # storage -------------------------------------------------------------
     @property
@@ -615,6 +620,7 @@ class StandardBackend(Backend):
             return
         self._steps.clear()
         self._bound.clear()
+        self.__dict__.pop("_training_model", None)
         self._gradients.clear()
         self._forward = self._predict = None
 
