@@ -567,3 +567,40 @@ def test_the_l2_penalty_makes_no_weight_sized_products_in_the_step_graph(optimiz
             assert len(set(node.input)) == len(node.input), node
     scaled = [n for n in model.graph.node if any(i.endswith("_scaled") for i in n.input)]
     assert len(scaled) == 3  # each matrix's penalty gradient, once
+
+
+@pytest.mark.parametrize("height", [8, 9])
+def test_maxpool_adjoint_without_scatter_has_the_same_values(height):
+    """Conv -> MaxPool(2, 2) -> sum of squares: the input adjoint written with Equal on
+    the pooling's indices equals onnx-ad's ScatterND bit for bit, ties included (a
+    constant region); an input whose size is not a multiple of the kernel keeps the
+    scatter."""
+    rng = np.random.RandomState(0)
+    W = rng.randn(3, 1, 3, 3).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Mul", ["p", "p"], ["sq"]),
+        helper.make_node("ReduceSum", ["sq"], ["loss"], keepdims=0),
+    ]
+    graph = helper.make_graph(
+        nodes, "pool",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 1, height, 8]),
+         helper.make_tensor_value_info("W", TensorProto.FLOAT, [3, 1, 3, 3])],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    grad = standard.gradient_graph(model, ["W"], batch=4)
+    assert "ScatterND" in {n.op_type for n in grad.graph.node}
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(grad)
+    count = standard_passes.rewrite_maxpool_scatters(rewritten)
+    assert count == (1 if height == 8 else 0)
+    x = rng.randn(4, 1, height, 8).astype(np.float32)
+    x[:, :, :4, :4] = 0.5  # a constant region: ties in its windows
+    feeds = {"x": x, "W": W}
+    before = onnxruntime.InferenceSession(grad.SerializeToString()).run(None, feeds)
+    after = onnxruntime.InferenceSession(rewritten.SerializeToString()).run(None, feeds)
+    for a, b in zip(before, after):
+        np.testing.assert_array_equal(a, b)
