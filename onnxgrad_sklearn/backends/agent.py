@@ -33,8 +33,8 @@ from .._lazy import lazy
 from ..runtime import (
     LARGE_MODEL,
     SESSIONS,
-    bindings,
     OrtValue,
+    bindings,
     device_to_providers,
     options_key,
     ort_device,
