@@ -138,6 +138,11 @@ def release_trained_values(est, engine):
         placeholder = np.broadcast_to(np.array(np.nan, dtype=old.dtype), old.shape)
         conv.params[k].set(final, placeholder)  # no memory: one NaN, read-only
     conv.values = [None if k in trained else v for k, v in enumerate(conv.values)]
+    if hasattr(final, "_best_coefs"):
+        # views of the previous fit's weights (store_weights): one more copy otherwise;
+        # store_weights makes them views of the trained weights again
+        final._best_coefs = [c.view() for c in final.coefs_]
+        final._best_intercepts = [i.view() for i in final.intercepts_]
     est._export_model = None
 
 

@@ -31,8 +31,10 @@ import numpy as np
 
 from .._lazy import lazy
 from ..runtime import (
+    LARGE_MODEL,
     SESSIONS,
     OrtValue,
+    bindings,
     device_to_providers,
     options_key,
     ort_device,
@@ -43,7 +45,7 @@ from ..runtime import (
     to_ortvalue,
 )
 from .base import Backend, shared_session
-from .buffers import BoundRun, DoubleBuffers
+from .buffers import BoundRun, DoubleBuffers, bind_address
 
 # imported on first use: a fit whose plan is cached parses no graph
 onnx = lazy("onnx")
@@ -75,6 +77,18 @@ __all__ = ["AgentBackend", "OrtGradientForwardBackward", "TrainingAgent"]
 logger = logging.getLogger("onnxgrad_sklearn")
 
 OrtValueVector = _C.OrtValueVector
+
+#: From this many weights on, the flat update runs over pieces of at most
+#: :data:`UPDATE_CHUNK` elements (one session call each, bound by address) instead of
+#: one call over the whole vector: the update's temporaries (the gradients
+#: concatenated, ``learning_rate * grad``, ``momentum * velocity``...) are then the
+#: size of a piece, not of the model. onnxruntime's arena grows by powers of two,
+#: so those of the whole vector held about 9 times the weights' size on a
+#: 100-2048-2048-1 MLP (docs/performance.md, "Memory"). Same values: the rule is
+#: element-wise. Small models keep one call (a call costs tens of microseconds).
+CHUNKED_UPDATE_FROM = LARGE_MODEL
+#: Elements of a piece of the chunked update (4 MB in float32).
+UPDATE_CHUNK = 1 << 20
 
 
 def _vector(values: Sequence[OrtValue]) -> OrtValueVector:
@@ -460,10 +474,13 @@ class OrtGradientForwardBackward:
         )
 
     def release(self) -> None:
-        """Put the TrainingAgent back into the pool (shared only; a later pass takes one again)."""
-        if self.shared and self._agent is not None:
+        """Put the TrainingAgent back into the pool, or free it (not shared: a large
+        model's, whose session memory, its gradients and arena, goes with it); a
+        later pass takes or makes one again."""
+        if self._agent is not None:
             agent, self._agent = self._agent, None
-            SESSIONS.give_back(self._agent_key, agent, self._n_weights)
+            if self.shared:
+                SESSIONS.give_back(self._agent_key, agent, self._n_weights)
 
     def forward(self, inputs: Sequence[OrtValue], weights: Sequence[OrtValue]):
         """Run the training forward pass.
@@ -592,6 +609,7 @@ class AgentBackend(Backend):
         self._lr = to_ortvalue(np.array(0.0, dtype=np.float32), self.device)
         self._previous = None
         self._flat = None
+        self._chunked = None
         if flat:
             self._flat = DoubleBuffers(self.shapes, len(optimizer.state_names))
             names = ["param", *optimizer.state_names]
@@ -606,6 +624,10 @@ class AgentBackend(Backend):
             ]
             self._grad_names = [f"grad_{i}" for i in range(len(self.shapes))]
             self._flat.write(0, start)
+            if self.n_weights >= CHUNKED_UPDATE_FROM:
+                self._chunked = _ChunkedUpdate(
+                    optimizer, self.shapes, self._flat, self._lr, self.update_options
+                )
         else:
             self._weights = [to_ortvalue(np.asarray(w, np.float32), self.device) for w in start]
             self._state = [[] for _ in start]
@@ -642,9 +664,10 @@ class AgentBackend(Backend):
             return
         self.step = 0
         self._previous = None
-        # One weight at a time: no copy of all the weights and states at once.
+        # One weight at a time, read in place (the states are other vectors): no copy
+        # of the weights, no state of all the weights at once.
         for i in range(len(self.shapes)):
-            weight = self._flat.views[self._flat.current][0][i].copy()
+            weight = self._flat.views[self._flat.current][0][i]
             initial = self.optimizer.init_state(weight)
             for k, name in enumerate(self.optimizer.state_names):
                 self._flat.write(1 + k, [initial[name]], start=i)
@@ -716,7 +739,10 @@ class AgentBackend(Backend):
         # The update's results are taken in one assignment, without a call between its
         # parts: a KeyboardInterrupt (raised at a call) finds the step applied or not.
         if flat is not None:
-            self._runs[flat.current].run(dict(zip(self._grad_names, grads)))
+            if self._chunked is not None:
+                self._chunked.run(flat.current, grads)
+            else:
+                self._runs[flat.current].run(dict(zip(self._grad_names, grads)))
             self._previous, self.step, flat.current = previous, self.step + 1, 1 - flat.current
             return loss
         feeds = [self._lr]
@@ -751,3 +777,57 @@ class AgentBackend(Backend):
         loss, state = self._forward(X, y, sample_weight)
         grads = self.forward_backward.backward([self._one], state)
         return loss, [g.numpy().copy() for g in grads]
+
+
+class _ChunkedUpdate:
+    """The flat update of :class:`AgentBackend` by pieces (:data:`CHUNKED_UPDATE_FROM`).
+
+    One session of the optimizer's update graph for a vector of any length
+    (``learning_rate``, ``param_0``, ``grad_0`` and the states in, the new values
+    out); each piece of each weight is a call of it, its inputs and outputs bound
+    by address: the weights and states in the two sets of
+    :class:`~onnxgrad_sklearn.backends.buffers.DoubleBuffers`, the gradient in the
+    ``OrtValue`` the backward pass returned. The temporaries are a piece's.
+    """
+
+    def __init__(self, optimizer, shapes, flat: DoubleBuffers, lr, options, chunk=None):
+        from ..runtime import make_session
+
+        chunk = int(chunk or UPDATE_CHUNK)
+        self._flat = flat
+        names = ["param", *optimizer.state_names]
+        model = optimizer.build_update_model([("n",)], dtype=flat.dtype)
+        self._session = make_session(model, options, ["CPUExecutionProvider"])
+        self._run_options = onnxruntime.RunOptions()
+        self._device = ort_device("CPUExecutionProvider", 0)
+        itemsize = flat.dtype.itemsize
+        #: (weight, offset in the weight, length) of each piece
+        self.pieces = []
+        for i, shape in enumerate(shapes):
+            size = int(np.prod(shape))
+            self.pieces.extend((i, s, min(chunk, size - s)) for s in range(0, size, chunk))
+        offsets = np.cumsum([0, *[int(np.prod(shape)) for shape in shapes]])
+        # one binding per piece and parity: the weights and states bound once
+        self._bindings = [[], []]
+        for p in (0, 1):
+            for i, start, n in self.pieces:
+                binding = bindings().SessionIOBinding(self._session._sess)
+                binding.bind_ortvalue_input("learning_rate", lr)
+                at = (int(offsets[i]) + start) * itemsize
+                for k, name in enumerate(names):
+                    read = flat.arrays[p][k].__array_interface__["data"][0] + at
+                    write = flat.arrays[1 - p][k].__array_interface__["data"][0] + at
+                    self._bind(binding, f"{name}_0", [n], read)
+                    self._bind(binding, f"new_{name}_0", [n], write, output=True)
+                self._bindings[p].append(binding)
+        self._itemsize = itemsize
+
+    def _bind(self, binding, name, shape, address, output=False):
+        bind_address(binding, name, self._device, self._flat.dtype, shape, address, output)
+
+    def run(self, parity: int, grads) -> None:
+        """Update set ``parity`` into the other one with the gradients ``grads``."""
+        run, options = self._session._sess.run_with_iobinding, self._run_options
+        for binding, (i, start, n) in zip(self._bindings[parity], self.pieces):
+            self._bind(binding, "grad_0", [n], grads[i].data_ptr() + start * self._itemsize)
+            run(binding, options)
