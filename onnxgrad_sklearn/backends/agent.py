@@ -796,7 +796,8 @@ class _ChunkedUpdate:
         chunk = int(chunk or UPDATE_CHUNK)
         self._flat = flat
         names = ["param", *optimizer.state_names]
-        model = optimizer.build_update_model([("n",)], dtype=flat.dtype)
+        # float32 (the agent's type): an optimizer of its own may not take a dtype
+        model = optimizer.build_update_model([("n",)])
         self._session = make_session(model, options, ["CPUExecutionProvider"])
         self._run_options = onnxruntime.RunOptions()
         self._device = ort_device("CPUExecutionProvider", 0)
