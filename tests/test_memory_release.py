@@ -49,11 +49,10 @@ def test_chunked_update_is_the_flat_update(monkeypatch, optimizer):
     assert flat.loss_curve_ == chunked.loss_curve_
 
 
-@pytest.mark.parametrize("backend", ["agent", "standard"])
-def test_large_model_fit_holds_no_previous_weights(monkeypatch, backend):
-    """While a large model trains, the previous fit's stored weights are gone (no
-    _best_coefs view keeps them), and after the fit the agent's TrainingAgent is freed."""
-    monkeypatch.setattr(runtime, "LARGE_MODEL", 1)  # every model is large
+def _large_fit_case(backend):
+    """In a child process (every model made large there): whether the previous fit's
+    stored weights are gone when the warm fit trains, and the agent's TrainingAgent after."""
+    runtime.LARGE_MODEL = 1  # every model is large (this process only)
     X, y = _data()
     est = OrtGradientRegressor(
         MLPRegressor(hidden_layer_sizes=(40, 20)), backend=backend, batch_size=64,
@@ -70,8 +69,22 @@ def test_large_model_fit_holds_no_previous_weights(monkeypatch, backend):
             seen.append([r() is None for r in stored])
             return run_epochs(fit)
 
-        monkeypatch.setattr(Fit, "run_epochs", checked)
+        Fit.run_epochs = checked
         est.fit(X, y)
+    freed = backend != "agent" or est._engine._backend.forward_backward._agent is None
+    return seen, freed
+
+
+@pytest.mark.parametrize("backend", ["agent", "standard"])
+def test_large_model_fit_holds_no_previous_weights(backend):
+    """While a large model trains, the previous fit's stored weights are gone (no
+    _best_coefs view keeps them), and after the fit the agent's TrainingAgent is freed.
+    Run in a child process: a fit of a large model sets process-wide state (glibc's mmap
+    threshold, the sessions' pool) that later tests would see."""
+    from _isolated import run_isolated
+
+    code, status, payload = run_isolated(_large_fit_case, backend)
+    assert code == 0 and status == "ok", payload
+    seen, freed = payload
     assert seen and all(seen[0]), seen
-    if backend == "agent":
-        assert est._engine._backend.forward_backward._agent is None
+    assert freed
