@@ -184,7 +184,6 @@ def _simplify(model: onnx.ModelProto) -> None:
     from .standard_passes import (
         rewrite_broadcast_expands,
         rewrite_leading_sums,
-        rewrite_maxpool_scatters,
         rewrite_noop_expands,
         rewrite_repeated_terms,
         rewrite_reshape_chains,
@@ -203,7 +202,6 @@ def _simplify(model: onnx.ModelProto) -> None:
         "identities": drop_identities(model),
         "duplicates": merge_duplicate_nodes(model),
         "sums of squares": rewrite_sum_of_squares(model),
-        "max-pool scatters": rewrite_maxpool_scatters(model, shapes),
     }
     counts["repeated terms"] = rewrite_repeated_terms(model, shapes)
     counts["leading sums"] = rewrite_leading_sums(model, shapes)

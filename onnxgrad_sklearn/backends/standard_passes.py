@@ -23,7 +23,6 @@ __all__ = [
     "merge_update",
     "rewrite_broadcast_expands",
     "rewrite_leading_sums",
-    "rewrite_maxpool_scatters",
     "rewrite_noop_expands",
     "rewrite_repeated_terms",
     "rewrite_reshape_chains",
@@ -552,96 +551,3 @@ def rewrite_sigmoid_adjoints(model: onnx.ModelProto) -> int:
         del graph.node[:]
         graph.node.extend(nodes)
     return len(replaced)
-
-
-def rewrite_maxpool_scatters(model: onnx.ModelProto, shapes=None) -> int:
-    """Write onnx-ad's adjoint of a non-overlapping ``MaxPool`` without ``ScatterND``, in
-    place.
-
-    onnx-ad scatters the output's adjoint into zeros at the indices the pooling
-    returns (``ScatterND`` over a ``(numel, seed)`` tensor: one row per element, the
-    generic and slowest path of onnxruntime's kernel). Where every window is its own
-    (kernel = strides, no padding or dilation, the input's height and width multiples
-    of the kernel's), each input element gets its window's adjoint where it is the
-    element the indices name: ``Expand(dY) * (position == Expand(indices))``, the
-    positions a constant of the step's shape. The same values (an element gets the
-    adjoint or 0, as scattered); a tie in a window goes to the element the indices
-    name, as before. Returns the number of scatters rewritten.
-    """
-    shapes = static_shapes(model) if shapes is None else shapes
-    types = getattr(shapes, "types", {})
-    graph = model.graph
-    producer = {o: n for n in graph.node for o in n.output}
-    edits, extra = {}, []
-    for i, node in enumerate(graph.node):
-        if node.op_type != "ScatterND" or len(node.input) != 3:
-            continue
-        data, indices, updates = node.input
-        zeros, lift = producer.get(data), producer.get(indices)
-        if zeros is None or zeros.op_type != "ConstantOfShape" or lift is None:
-            continue
-        if lift.op_type != "Unsqueeze":
-            continue
-        pool = producer.get(lift.input[0])
-        if pool is None or pool.op_type != "MaxPool" or list(pool.output[1:]) != [lift.input[0]]:
-            continue
-        att = _attributes(pool)
-        kernel = list(att.get("kernel_shape", []))
-        x_shape, u_shape = shapes.get(pool.input[0]), shapes.get(updates)
-        if (
-            x_shape is not None
-            and u_shape is not None
-            and all(isinstance(d, int) for d in [*x_shape, *u_shape])
-        ):
-            # the zeros scattered into: one row per input element, a column per seed
-            seed = math.prod(u_shape[len(x_shape) :]) if len(u_shape) > len(x_shape) else 1
-            out_shape = [math.prod(x_shape), seed]
-        else:
-            out_shape = None
-        if (
-            len(kernel) != 2
-            or list(att.get("strides", [1, 1])) != kernel
-            or any(att.get("pads", [0, 0, 0, 0]))
-            or any(d != 1 for d in att.get("dilations", [1, 1]))
-            or att.get("ceil_mode", 0)
-            or att.get("storage_order", 0)
-            or att.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET", b"VALID", "VALID")
-            or x_shape is None
-            or u_shape is None
-            or out_shape is None
-            or not all(isinstance(d, int) for d in [*x_shape, *u_shape, *out_shape])
-            or len(x_shape) != 4
-        ):
-            continue
-        n, c, height, width = x_shape
-        h, w = height // kernel[0], width // kernel[1]
-        if h * kernel[0] != height or w * kernel[1] != width:
-            continue
-        if math.prod(u_shape) != n * c * h * w or out_shape[1] != 1:
-            continue
-        base = f"MaxPoolAdjoint/{node.output[0]}"
-        windows = [n, c, h, 1, w, 1]
-        spread = [n, c, h, kernel[0], w, kernel[1]]
-        positions = np.arange(n * c * height * width, dtype=np.int64).reshape(spread)
-        extra += [
-            onnx.numpy_helper.from_array(np.array(windows, np.int64), base + "_windows"),
-            onnx.numpy_helper.from_array(np.array(spread, np.int64), base + "_spread"),
-            onnx.numpy_helper.from_array(np.array(out_shape, np.int64), base + "_shape"),
-            onnx.numpy_helper.from_array(positions, base + "_positions"),
-        ]
-        make = onnx.helper.make_node
-        elem = types.get(updates, TensorProto.FLOAT)
-        edits[i] = [
-            make("Reshape", [lift.input[0], base + "_windows"], [base + "_idx6"]),
-            make("Expand", [base + "_idx6", base + "_spread"], [base + "_idx"]),
-            make("Equal", [base + "_idx", base + "_positions"], [base + "_chosen"]),
-            make("Cast", [base + "_chosen"], [base + "_mask"], to=elem),
-            make("Reshape", [updates, base + "_windows"], [base + "_dy6"]),
-            make("Expand", [base + "_dy6", base + "_spread"], [base + "_dy"]),
-            make("Mul", [base + "_dy", base + "_mask"], [base + "_dx"]),
-            make("Reshape", [base + "_dx", base + "_shape"], list(node.output)),
-        ]
-    if edits:
-        _edit_nodes(graph, edits)
-        graph.initializer.extend(extra)
-    return len(edits)
