@@ -222,6 +222,21 @@ def run_ort_epochs(spec: dict, task: dict, X, y) -> dict:
     return res
 
 
+def _timed_epochs(epoch, task) -> tuple[list, list]:
+    """Seconds per epoch of ``epoch()`` after a warm-up, ``task["repeats"]`` times over
+    ``task["epochs"]`` epochs, and the other processes' CPU share during each."""
+    epoch()  # warm-up
+    samples, shares = [], []
+    for _ in range(task["repeats"]):
+        with CpuWindow() as window:
+            t0 = time.perf_counter()
+            for _ in range(task["epochs"]):
+                epoch()
+            samples.append((time.perf_counter() - t0) / task["epochs"])
+        shares.append(window.share)
+    return samples, shares
+
+
 def run_torch_epochs(spec: dict, task: dict, X, y) -> dict:
     """The PyTorch loop: seconds per epoch for each thread count, on request the split."""
     import torch
@@ -229,15 +244,7 @@ def run_torch_epochs(spec: dict, task: dict, X, y) -> dict:
     res: dict = {"samples_by_threads": {}}
     for k, threads in enumerate(task.get("threads", [THREADS])):
         epoch = torch_trainer(spec, X, y, threads=threads)
-        epoch()  # warm-up
-        samples, shares = [], []
-        for _ in range(task["repeats"]):
-            with CpuWindow() as window:
-                t0 = time.perf_counter()
-                for _ in range(task["epochs"]):
-                    epoch()
-                samples.append((time.perf_counter() - t0) / task["epochs"])
-            shares.append(window.share)
+        samples, shares = _timed_epochs(epoch, task)
         res["samples_by_threads"][str(threads)] = samples
         if k == 0:
             res.update(samples=samples, samples_others_share=shares)
@@ -302,17 +309,8 @@ def run_floor_epochs(spec: dict, task: dict, X, y) -> dict:
 
     res: dict = {"samples_by_threads": {}}
     for k, threads in enumerate(task.get("threads", [THREADS])):
-        epoch = floor_trainer(spec, X, y)
-        samples, shares = [], []
         with threadpool_limits(threads):
-            epoch()  # warm-up
-            for _ in range(task["repeats"]):
-                with CpuWindow() as window:
-                    t0 = time.perf_counter()
-                    for _ in range(task["epochs"]):
-                        epoch()
-                    samples.append((time.perf_counter() - t0) / task["epochs"])
-                shares.append(window.share)
+            samples, shares = _timed_epochs(floor_trainer(spec, X, y), task)
         res["samples_by_threads"][str(threads)] = samples
         if k == 0:
             res.update(samples=samples, samples_others_share=shares)
