@@ -567,3 +567,85 @@ def test_the_l2_penalty_makes_no_weight_sized_products_in_the_step_graph(optimiz
             assert len(set(node.input)) == len(node.input), node
     scaled = [n for n in model.graph.node if any(i.endswith("_scaled") for i in n.input)]
     assert len(scaled) == 3  # each matrix's penalty gradient, once
+
+
+def test_shape_computations_of_static_tensors_become_constants():
+    # onnx-ad's zeros for a MaxPool adjoint: (numel of x, size of the seed) at run time
+    model = _model(
+        [
+            helper.make_node("Size", ["x"], ["size"]),
+            helper.make_node("Reshape", ["size", "one"], ["numel"]),
+            helper.make_node("Shape", ["seed"], ["seed_shape"]),
+            helper.make_node("Slice", ["seed_shape", "zero", "one"], ["nseed"]),
+            helper.make_node("Concat", ["numel", "nseed"], ["dims"], axis=0),
+            helper.make_node("ConstantOfShape", ["dims"], ["zeros"]),
+            helper.make_node("Shape", ["x"], ["tail"], start=1),
+            helper.make_node("Gather", ["tail", "zero"], ["width"], axis=0),
+            helper.make_node("Unsqueeze", ["width", "zero"], ["width_1"]),
+            helper.make_node("Cast", ["width_1"], ["width_f"], to=TensorProto.FLOAT),
+            helper.make_node("Reshape", ["zeros", "dims"], ["z"]),
+            helper.make_node("Add", ["z", "width_f"], ["y"]),
+        ],
+        [_info("x", [3, 4])],
+        [_info("y", None)],
+        [
+            onnx.numpy_helper.from_array(np.ones(1, np.float32), "seed"),
+            _const("zero", [0]),
+            _const("one", [1]),
+        ],
+    )
+    x = np.zeros((3, 4), np.float32)
+    expected = _run(model, {"x": x})[0]
+    assert standard_passes.fold_shape_computations(model) == 9
+    assert [n.op_type for n in model.graph.node] == ["ConstantOfShape", "Reshape", "Add"]
+    folded = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    np.testing.assert_array_equal(folded["dims"], [12, 1])
+    assert folded["width_f"].dtype == np.float32 and folded["width_f"].tolist() == [[4.0]]
+    assert _passes.static_shapes(model)["zeros"] == [12, 1]  # known to the passes after it
+    np.testing.assert_array_equal(_run(model, {"x": x})[0], expected)
+    assert expected.shape == (12, 1) and (expected == 4).all()
+
+
+def test_shape_computations_of_unknown_or_large_values_stay():
+    model = _model(
+        [
+            helper.make_node("Shape", ["x"], ["s"]),  # x's first axis is a symbol
+            helper.make_node("ConstantOfShape", ["s"], ["y"]),
+            helper.make_node("Reshape", ["big", "flat"], ["b"]),  # 100 elements: data
+            helper.make_node("Identity", ["b"], ["b2"]),
+        ],
+        [_info("x", ["n", 4])],
+        [_info("y", None), _info("b2", [100])],
+        [onnx.numpy_helper.from_array(np.ones((10, 10), np.float32), "big"), _const("flat", [-1])],
+    )
+    assert standard_passes.fold_shape_computations(model) == 0
+
+
+@pytest.mark.parametrize(
+    ("shape", "perm", "reduced"),
+    [
+        ([6, 4, 5, 5, 1], [1, 4, 0, 2, 3], [1, 0, 2]),  # onnx-ad's seed-first filters
+        ([1, 6, 4, 5, 5], [2, 0, 1, 3, 4], [1, 0, 2]),
+        ([6, 4, 1, 3, 3], [1, 0, 3, 4, 2], [1, 0, 2]),  # the weight adjoint back in place
+        ([6, 4, 5], [2, 0, 1], [1, 0]),
+        ([2, 3, 4, 5], [3, 1, 0, 2], [3, 1, 0, 2]),  # nothing to merge: left as it is
+    ],
+)
+def test_transposes_move_their_fewest_axes(shape, perm, reduced):
+    out = [shape[a] for a in perm]
+    model = _model(
+        [
+            helper.make_node("Transpose", ["x"], ["t"], perm=perm),
+            helper.make_node("Neg", ["t"], ["y"]),
+        ],
+        [_info("x", shape)],
+        [_info("y", out)],
+    )
+    x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    changed = standard_passes.rewrite_unit_transposes(model)
+    transposes = [n for n in model.graph.node if n.op_type == "Transpose"]
+    assert [list(t.attribute[0].ints) for t in transposes] == [reduced]
+    assert changed == (reduced != perm)
+    y = _run(model, {"x": x})[0]
+    assert y.shape == tuple(out)
+    np.testing.assert_array_equal(y, -x.transpose(perm))

@@ -182,6 +182,7 @@ def _simplify(model: onnx.ModelProto) -> None:
     """
     from .._passes import drop_identities, merge_duplicate_nodes, prune, static_shapes
     from .standard_passes import (
+        fold_shape_computations,
         rewrite_broadcast_expands,
         rewrite_leading_sums,
         rewrite_noop_expands,
@@ -193,8 +194,10 @@ def _simplify(model: onnx.ModelProto) -> None:
     )
 
     prune(model)
+    folded = fold_shape_computations(model)
     shapes = static_shapes(model)
     counts = {
+        "folded shapes": folded,
         "unit transposes": rewrite_unit_transposes(model, shapes),
         "no-op expands": rewrite_noop_expands(model, shapes),
         "broadcast expands": rewrite_broadcast_expands(model, shapes),

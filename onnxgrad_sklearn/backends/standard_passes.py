@@ -20,6 +20,7 @@ from onnx import TensorProto
 from .._passes import _edit_nodes, static_shapes, static_types
 
 __all__ = [
+    "fold_shape_computations",
     "merge_update",
     "rewrite_broadcast_expands",
     "rewrite_leading_sums",
@@ -57,6 +58,111 @@ def _reduced_axes(node: onnx.NodeProto, constants: dict, rank: int) -> list[int]
     if any(a < 0 or a >= rank for a in normalized):
         return None
     return normalized
+
+
+#: Operators :func:`fold_shape_computations` evaluates (on small constant inputs).
+_SHAPE_OPS = (
+    "Shape",
+    "Size",
+    "Slice",
+    "Concat",
+    "Gather",
+    "Unsqueeze",
+    "Squeeze",
+    "Reshape",
+    "Cast",
+    "Identity",
+)
+#: The most elements a folded value may have: shapes and sizes, not data.
+_FOLDED_ELEMENTS = 64
+
+
+def _fold(node: onnx.NodeProto, args: list, shapes: dict):
+    """The value of one shape operator on constant ``args`` (None: not folded)."""
+    att = _attributes(node)
+    op = node.op_type
+    if op in ("Shape", "Size"):
+        shape = shapes.get(node.input[0])
+        if shape is None or not all(isinstance(d, int) for d in shape):
+            return None
+        if op == "Size":
+            return np.array(math.prod(shape), np.int64)
+        rank = len(shape)
+        start, end = att.get("start", 0), att.get("end", rank)
+        return np.array(shape[slice(start, end)], np.int64)
+    if any(a is None for a in args):
+        return None
+    if op == "Identity":
+        return args[0]
+    if op == "Cast":
+        return args[0].astype(onnx.helper.tensor_dtype_to_np_dtype(att["to"]))
+    if op == "Concat":
+        return np.concatenate(args, axis=att["axis"])
+    if op == "Gather":
+        return np.take(args[0], args[1], axis=att.get("axis", 0))
+    if op == "Reshape":
+        target = [int(d) for d in args[1]]
+        if 0 in target:  # a size copied from the input (allowzero=0)
+            target = [args[0].shape[k] if d == 0 else d for k, d in enumerate(target)]
+        return args[0].reshape(target)
+    axes = [int(a) for a in args[1]] if len(args) > 1 else list(att.get("axes", []))
+    if op == "Unsqueeze":
+        rank = args[0].ndim + len(axes)
+        return np.expand_dims(args[0], tuple(a % rank for a in axes))
+    if op == "Squeeze":
+        return np.squeeze(args[0], tuple(a % args[0].ndim for a in axes) if axes else None)
+    # Slice (opset 10 and later: starts, ends, axes, steps as inputs)
+    starts, ends = args[1], args[2]
+    axes = args[3] if len(args) > 3 else range(len(starts))
+    steps = args[4] if len(args) > 4 else [1] * len(starts)
+    index = [slice(None)] * args[0].ndim
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        index[int(a)] = slice(int(s), int(e), int(st))
+    return args[0][tuple(index)]
+
+
+def fold_shape_computations(model: onnx.ModelProto, shapes: dict | None = None) -> int:
+    """Replace the shape computations whose values are known by constants, in place.
+
+    onnx-ad sizes its seed axis and the zeros it scatters into at run time
+    (``Shape``, ``Size``, ``Slice``, ``Concat`` of the loss seed and the
+    activations): with the batch size fixed and the seed of size 1 these values
+    are constants, and once they are, shape inference knows every adjoint's
+    shape, so that the rewrites after this one see the seed axis as an axis of 1.
+    Folds ``Shape`` and ``Size`` of tensors of static shapes, and the operators
+    of ``_SHAPE_OPS`` on small constants (at most 64 elements). Returns the
+    number of nodes replaced by initializers.
+    """
+    shapes = static_shapes(model) if shapes is None else shapes
+    graph = model.graph
+    shapes = {**shapes, **{i.name: list(i.dims) for i in graph.initializer}}
+    known = {
+        i.name: onnx.numpy_helper.to_array(i)
+        for i in graph.initializer
+        if math.prod(i.dims) <= _FOLDED_ELEMENTS
+    }
+    outputs = {o.name for o in graph.output}
+    edits, extra = {}, []
+    for i, node in enumerate(graph.node):
+        if node.op_type not in _SHAPE_OPS or node.domain not in ("", "ai.onnx"):
+            continue
+        if len(node.output) != 1 or node.output[0] in outputs:
+            continue
+        args = [known.get(name) if name else None for name in node.input]
+        try:
+            value = _fold(node, args, shapes)
+        except (ValueError, IndexError, KeyError, TypeError):  # left to the runtime
+            value = None
+        if value is None or value.size > _FOLDED_ELEMENTS:
+            continue
+        value = np.asarray(value)
+        known[node.output[0]] = value
+        extra.append(onnx.numpy_helper.from_array(value, node.output[0]))
+        edits[i] = []
+    if edits:
+        _edit_nodes(graph, edits)
+        graph.initializer.extend(extra)
+    return len(edits)
 
 
 def rewrite_unit_reductions(model: onnx.ModelProto, shapes: dict | None = None) -> int:
@@ -172,12 +278,32 @@ def rewrite_leading_sums(model: onnx.ModelProto, shapes: dict | None = None) -> 
     return count
 
 
+def _coalesced(shape: list, perm: list) -> tuple[list, list]:
+    """The same transposition without axes of size 1 and with the input's axes that stay
+    neighbours merged: ``(input shape, permutation)`` of the smallest equal ``Transpose``."""
+    kept = [a for a in range(len(shape)) if shape[a] != 1]
+    order = [kept.index(a) for a in perm if shape[a] != 1]  # over the kept axes
+    groups = []  # runs of kept axes, in output order, that are consecutive in the input
+    for a in order:
+        if groups and groups[-1][-1] + 1 == a:
+            groups[-1].append(a)
+        else:
+            groups.append([a])
+    by_input = sorted(groups)
+    dims = [math.prod(shape[kept[a]] for a in g) for g in by_input]
+    return dims, [by_input.index(g) for g in groups]
+
+
 def rewrite_unit_transposes(model: onnx.ModelProto, shapes: dict | None = None) -> int:
-    """Replace each ``Transpose`` that only moves axes of size 1 by a ``Reshape``, in place.
+    """Write each ``Transpose`` of a static shape over its fewest axes, in place.
 
     onnx-ad moves its seed axis (of size 1 here) between the front and the back
-    of the adjoints around every matrix product: with that axis of size 1 the
-    data order does not change, and a ``Reshape`` costs no copy. Returns the
+    of the adjoints around every matrix product and convolution. Without the axes
+    of size 1 and with the axes that stay neighbours merged, the same data moves:
+    no transposition at all (a ``Reshape``, which costs no copy), or a
+    transposition of fewer axes, between ``Reshape`` nodes; onnxruntime 1.19
+    takes 1.5 ms to move a ``(64, 8, 26, 26, 1)`` tensor's axes ``(1, 4, 0, 2, 3)``
+    and 0.07 ms for the same ``(64, 8, 676)`` one's ``(1, 0, 2)``. Returns the
     number of nodes replaced.
     """
     shapes = static_shapes(model) if shapes is None else shapes
@@ -187,14 +313,26 @@ def rewrite_unit_transposes(model: onnx.ModelProto, shapes: dict | None = None) 
         if shape is None or not all(isinstance(d, int) for d in shape):
             continue
         perm = _attributes(node).get("perm", list(range(len(shape)))[::-1])
-        moved = [a for a in perm if shape[a] != 1]
-        if moved != sorted(moved):
+        dims, order = _coalesced(shape, perm)
+        base = f"UnitTranspose/{node.output[0]}"
+        out_shape = np.array([shape[a] for a in perm], np.int64)
+        extra.append(onnx.numpy_helper.from_array(out_shape, base + "_shape"))
+        if order == sorted(order):
+            edits[i] = [
+                onnx.helper.make_node(
+                    "Reshape", [node.input[0], base + "_shape"], list(node.output)
+                )
+            ]
             continue
-        name = f"UnitTranspose/{node.output[0]}_shape"
-        extra.append(
-            onnx.numpy_helper.from_array(np.array([shape[a] for a in perm], np.int64), name)
-        )
-        edits[i] = [onnx.helper.make_node("Reshape", [node.input[0], name], list(node.output))]
+        if len(dims) == len(shape):  # already its fewest axes
+            extra.pop()
+            continue
+        extra.append(onnx.numpy_helper.from_array(np.array(dims, np.int64), base + "_in"))
+        edits[i] = [
+            onnx.helper.make_node("Reshape", [node.input[0], base + "_in"], [base + "_x"]),
+            onnx.helper.make_node("Transpose", [base + "_x"], [base + "_t"], perm=order),
+            onnx.helper.make_node("Reshape", [base + "_t", base + "_shape"], list(node.output)),
+        ]
     if edits:
         _edit_nodes(model.graph, edits)
         model.graph.initializer.extend(extra)
