@@ -649,3 +649,46 @@ def test_transposes_move_their_fewest_axes(shape, perm, reduced):
     y = _run(model, {"x": x})[0]
     assert y.shape == tuple(out)
     np.testing.assert_array_equal(y, -x.transpose(perm))
+
+
+@pytest.mark.parametrize(("op", "k"), [("Div", 0), ("Mul", 0), ("Mul", 1)])
+def test_scalars_scale_what_an_expand_repeats(op, k):
+    # onnx-ad's ReduceMean adjoint: Expand(dY, shape) / n, then read by a scatter
+    scaled = [["big", "n"], ["n", "big"]][k]
+    model = _model(
+        [
+            helper.make_node("Expand", ["x", "shape"], ["big"]),
+            helper.make_node("Cast", ["count"], ["n"], to=TensorProto.FLOAT),
+            helper.make_node(op, scaled, ["q"]),
+            helper.make_node("Neg", ["q"], ["y"]),
+        ],
+        [_info("x", [4, 1, 3]), helper.make_tensor_value_info("count", TensorProto.INT64, [])],
+        [_info("y", [4, 5, 3])],
+        [_const("shape", [4, 5, 3])],
+    )
+    x = np.random.RandomState(0).rand(4, 1, 3).astype(np.float32)
+    count = np.array(7, np.int64)
+    expected = _run(model, {"x": x, "count": count})[0]
+    assert standard_passes.rewrite_scaled_expands(model) == 1
+    _passes.prune(model)
+    ops = [n.op_type for n in model.graph.node]
+    assert ops == ["Cast", op, "Expand", "Neg"]  # the scalar before the copies
+    assert _passes.static_shapes(model)["ScaledExpand/q"] == [4, 1, 3]
+    np.testing.assert_array_equal(_run(model, {"x": x, "count": count})[0], expected)
+
+
+def test_expands_read_twice_or_scaled_by_tensors_stay():
+    model = _model(
+        [
+            helper.make_node("Expand", ["x", "shape"], ["big"]),
+            helper.make_node("Div", ["big", "s"], ["q"]),  # s has 3 values
+            helper.make_node("Expand", ["x", "shape"], ["big2"]),
+            helper.make_node("Div", ["big2", "one"], ["q2"]),
+            helper.make_node("Add", ["q", "q2"], ["sum"]),
+            helper.make_node("Add", ["sum", "big2"], ["y"]),  # big2 read twice
+        ],
+        [_info("x", [4, 1, 3]), _info("s", [3]), _info("one", [1])],
+        [_info("y", [4, 5, 3])],
+        [_const("shape", [4, 5, 3])],
+    )
+    assert standard_passes.rewrite_scaled_expands(model) == 0

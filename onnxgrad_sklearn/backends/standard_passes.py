@@ -27,6 +27,7 @@ __all__ = [
     "rewrite_noop_expands",
     "rewrite_repeated_terms",
     "rewrite_reshape_chains",
+    "rewrite_scaled_expands",
     "rewrite_sigmoid_adjoints",
     "rewrite_sum_of_squares",
     "rewrite_unit_reductions",
@@ -409,6 +410,56 @@ def rewrite_broadcast_expands(model: onnx.ModelProto, shapes: dict | None = None
             node.input[k] = source
             count += 1
     return count
+
+
+def rewrite_scaled_expands(model: onnx.ModelProto, shapes: dict | None = None) -> int:
+    """Scale what an ``Expand`` repeats instead of its repeated values, in place.
+
+    onnx-ad writes the adjoint of a ``ReduceMean`` as ``Expand(dY, shape) / n``:
+    on a text model's embeddings (256 x 32 x 64 values from 256 x 64) the
+    division by a scalar reads and writes every repeated value, 3 ms of a 9 ms
+    step on onnxruntime 1.19. ``Div(Expand(a, s), c)`` and ``Mul`` either way
+    round, ``c`` of one element, is ``Expand(Div(a, c), s)``: each value is the
+    same quotient, bit for bit. Applied where the ``Expand`` has no other reader.
+    Returns the number of nodes rewritten.
+    """
+    shapes = static_shapes(model) if shapes is None else shapes
+    graph = model.graph
+    readers = _readers(graph)
+    outputs = {o.name for o in graph.output}
+    expands = {
+        n.output[0]: n
+        for n in graph.node
+        if n.op_type == "Expand" and n.domain in ("", "ai.onnx") and len(n.input) == 2
+    }
+    edits = {}
+    for i, node in enumerate(graph.node):
+        if node.op_type not in ("Mul", "Div") or node.domain not in ("", "ai.onnx"):
+            continue
+        for k in (0, 1) if node.op_type == "Mul" else (0,):
+            mine, other = node.input[k], node.input[1 - k]
+            expand = expands.get(mine)
+            if expand is None or mine == other or mine in outputs or len(readers[mine]) != 1:
+                continue
+            big, small, source = shapes.get(mine), shapes.get(other), shapes.get(expand.input[0])
+            if big is None or small is None or source is None:
+                continue
+            if not all(isinstance(d, int) for d in small) or math.prod(small) != 1:
+                continue
+            if len(small) > len(big):
+                continue
+            scaled = f"ScaledExpand/{node.output[0]}"
+            inputs = [expand.input[0], other] if k == 0 else [other, expand.input[0]]
+            edits[i] = [
+                onnx.helper.make_node(node.op_type, inputs, [scaled]),
+                onnx.helper.make_node("Expand", [scaled, expand.input[1]], list(node.output)),
+            ]
+            if all(isinstance(d, int) for d in source):
+                shapes[scaled] = _broadcast(source, small)
+            break
+    if edits:
+        _edit_nodes(graph, edits)
+    return len(edits)
 
 
 def _readers(graph: onnx.GraphProto) -> dict:
