@@ -438,49 +438,66 @@ def profile_worker(task: dict) -> dict:
             so.profile_file_prefix = os.path.join(tmp, f"s{next(counter)}")
 
         # onnxruntime names a profile after its options' prefix and the second the
-        # session was made, opens it then and writes it when the session is freed: a
-        # session made from the same options in the same second as the step session,
-        # after the step session was freed (the fit's end), would empty its file. The
-        # profiled fit (new sessions: the hook is part of the pool's key) lasts 2 s or
-        # more: as many epochs over the batches as an unprofiled fit says.
+        # session was made, and writes it when the session ends its profiling (at the
+        # latest when it is freed): two sessions made from the same options in the same
+        # second write the same file, the second over the first. So the sessions of the
+        # profiled fit stay alive (a large model's fit would free its step sessions at
+        # its end) and each one's profile is read as soon as it is written. The profiled
+        # fit (new sessions: the hook is part of the pool's key) lasts 2 s or more: as
+        # many epochs over the batches as an unprofiled fit says.
+        import onnxruntime
+
+        from onnxgrad_sklearn.backends.standard import StandardBackend
+
         t = time.perf_counter()
         make(1).fit(X, y)
         epochs = min(50, max(2, int(2.0 / (time.perf_counter() - t)) + 1))
         SESSION_OPTIONS_HOOKS.append(profiling)
+        release = StandardBackend.release_sessions
+        StandardBackend.release_sessions = lambda self: None
         try:
             t = time.perf_counter()
             est = make(epochs).fit(X, y)
             wall = time.perf_counter() - t
         finally:
             SESSION_OPTIONS_HOOKS.remove(profiling)
+            StandardBackend.release_sessions = release
         epochs = est.n_iter_
         n_batches *= epochs
+        lines = []
+        for obj in gc.get_objects():
+            if isinstance(obj, onnxruntime.InferenceSession):
+                path = obj.end_profiling()
+                if path and os.path.exists(path):
+                    with open(path) as f:
+                        lines.extend(f.read().splitlines())
+                    os.remove(path)
         del est
         SESSIONS.clear()
         gc.collect()
-        # Read event by event (one a line): two sessions made in the same second from
-        # one options object write the same file, the second over the first's start.
-        for fname in os.listdir(tmp):
+        for fname in os.listdir(tmp):  # the sessions freed during the fit
             with open(os.path.join(tmp, fname)) as f:
-                lines = f.read().splitlines()
-            for line in lines:
-                line = line.strip().rstrip(",")
-                if not line.startswith("{"):
+                lines.extend(f.read().splitlines())
+        # Read event by event (one a line): a file may hold a second session's events
+        # written over the start of a first's.
+        for line in lines:
+            line = line.strip().rstrip(",")
+            if not line.startswith("{"):
+                continue
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                skipped += 1
+                continue
+            if ev.get("cat") != "Node":
+                continue
+            if ev.get("name", "").endswith("_kernel_time"):
+                op = ev.get("args", {}).get("op_name", "?")
+                if op in CONTROL_FLOW:  # its subgraph's nodes have their own events
+                    control[op] += ev["dur"]
                     continue
-                try:
-                    ev = json.loads(line)
-                except ValueError:
-                    skipped += 1
-                    continue
-                if ev.get("cat") != "Node":
-                    continue
-                if ev.get("name", "").endswith("_kernel_time"):
-                    op = ev.get("args", {}).get("op_name", "?")
-                    if op in CONTROL_FLOW:  # its subgraph's nodes have their own events
-                        control[op] += ev["dur"]
-                        continue
-                    by_op[op] += ev["dur"]
-                    count[op] += 1
+                by_op[op] += ev["dur"]
+                count[op] += 1
         shutil.rmtree(tmp, ignore_errors=True)
     ops = sorted(by_op.items(), key=lambda kv: -kv[1])
     return {
