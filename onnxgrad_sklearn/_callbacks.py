@@ -25,7 +25,7 @@ import dataclasses
 import numpy as np
 
 from ._fit import NO_TASK
-from ._model import store_weights
+from ._model import fed_sessions, store_weights
 
 try:  # scikit-learn >= 1.9
     from sklearn.callback import CallbackSupportMixin, with_callbacks
@@ -190,9 +190,11 @@ def fitted_state(estimator, weights, attributes=None, statistics=None) -> dict:
     probe.__dict__.update(attributes or {})
     probe._converted = dataclasses.replace(estimator._converted)
     probe.estimator_ = _copy_sharing_arrays(estimator.estimator_)
-    # the predict sessions are made by the copy's first predict (_run_onnx), not here:
-    # a callback that does not predict (one that saves the copy) does not pay for them
+    # no session is made here: the copy predicts through the process's session of its
+    # graph, fed its weights (FedSession, made once); else its own, made when it first
+    # predicts. A callback that does not predict (one that saves the copy) pays for none.
     store_weights(probe, weights, sessions=False, statistics=statistics)
+    probe.__dict__.update(fed_sessions(probe))  # the process's sessions, fed these weights
     located = probe.__dict__.get("_export_converted")
     if located is not None:  # converted for the export once per fit, not once per epoch
         estimator.__dict__.setdefault("_export_converted", located)

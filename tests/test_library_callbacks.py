@@ -68,7 +68,8 @@ def test_early_stopping_stops_where_the_rule_says_and_keeps_the_best_epoch(backe
         -mean_squared_error(y_val, _mlp(backend, max_iter=k).fit(X_tr, y_tr).predict(X_val))
         for k in range(1, reg.n_iter_ + 1)
     ]
-    np.testing.assert_allclose(stop.scores_, scores, rtol=1e-12)
+    # the epochs' copies predict through a session fed their weights: float32's rounding
+    np.testing.assert_allclose(stop.scores_, scores, rtol=1e-6)
     best, stopped = _rule(scores, patience=3, tol=1e-3)
     assert (stop.best_epoch_, stop.stopped_epoch_) == (best, stopped)
     assert stop.best_score_ == stop.scores_[best - 1]
