@@ -33,11 +33,12 @@ from ._frames import (
     join_head,
 )
 from ._hashing import fingerprint
+from ._inputs import template_input
 from ._lazy import lazy
 from .exceptions import ConvergenceError
 from .families import family_of
 from .losses import BaseLoss, get_loss
-from .onnx_template import OnnxModelConstraint, OnnxTemplate, input_spec, is_onnx_model
+from .onnx_template import OnnxModelConstraint, OnnxTemplate, is_onnx_model
 from .optim import OPTIMIZER_NAMES, SGD, BaseOptimizer, LearningRateSchedule, get_optimizer
 from .runtime import (
     intra_op_threads,
@@ -548,15 +549,9 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
         """
         check_is_fitted(self)
         _model.check_weights_stored(self, "to_onnx")
-        if hasattr(self.estimator_, "steps") and input_spec(self.estimator_) is not None:
-            steps = [name for name, _ in self.estimator_.steps[:-1]]
-            warnings.warn(
-                f"The exported model is the ONNX template's graph: it takes the output of "
-                f"the Pipeline's steps in front of it {steps}, which predict runs in "
-                "scikit-learn. Apply them before feeding the exported model.",
-                UserWarning,
-                stacklevel=2,
-            )
+        note = template_input(self.estimator_).export_warning(self.estimator_)
+        if note is not None:
+            warnings.warn(note, UserWarning, stacklevel=2)
         if dtype is not None:
             if dtype not in ("float32", "float64", np.float32, np.float64):
                 raise ValueError(

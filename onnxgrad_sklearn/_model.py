@@ -15,11 +15,11 @@ import dataclasses
 import warnings
 
 import numpy as np
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import check_is_fitted
 
-from ._data import as_rows, run_by_chunks
+from ._data import run_by_chunks
 from ._frames import join_head, run_raw
-from .onnx_template import conform_input, input_spec, validate_onnx_input
+from ._inputs import template_input
 from .runtime import (
     SESSIONS,
     device_to_providers,
@@ -349,17 +349,7 @@ def run_onnx(est, X, trained_graph=False):
     if "_raw_columns" in est.__dict__:  # fitted on a DataFrame's raw columns
         session = trained_session(est) if trained_graph else export_session(est)
         return run_raw(est, X, session, trained_graph)
-    spec = input_spec(est.estimator_)
-    if spec is not None:  # an ONNX model: X of its input's rank and type
-        X = validate_onnx_input(est, X, None, spec, False)[0]
-        if hasattr(est.estimator_, "steps"):  # the steps in front, run by scikit-learn
-            X = est.estimator_[:-1].transform(X)
-        X = conform_input(X, spec, est._converted.dtype)
-    else:
-        X = validate_data(
-            est, X, reset=False, accept_sparse=["csr", "csc"], dtype=[np.float32, np.float64]
-        )
-        X = as_rows(X, est._converted.dtype)  # the graph's input type
+    X = template_input(est.estimator_).predict(est, X, est._converted.dtype)
     # made here after a fit that stopped while storing, and for a callback's
     # fitted_estimator (the sessions it predicts with, when it first predicts)
     session = trained_session(est) if trained_graph else export_session(est)

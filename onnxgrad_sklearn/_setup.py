@@ -21,10 +21,9 @@ from sklearn.utils.validation import _check_sample_weight
 
 from ._callbacks import holds_out_validation, uses_validation_data
 from ._data import MemoryValidation, as_rows, dask_input, is_rows
-from ._frames import validate_fit_data, with_head
-from ._frames import validate_validation_data as _validate_frame
+from ._frames import with_head
+from ._inputs import template_input
 from .families import dropped_settings, family_of
-from .onnx_template import conform_input, input_spec, validate_onnx_input
 from .optim import LearningRateSchedule
 from .runtime import device_to_providers
 from .templates import (
@@ -59,24 +58,7 @@ def validate_fit_input(est, X, y, sample_weight, first_call, incremental, classe
         )
         check_outputs(est, y2d, first_call)
         return X, y2d, sample_weight, fitted, loss, optimizer
-    spec = input_spec(template)
-    if spec is not None:  # an ONNX model: X of its input's rank and type
-        X, y = validate_onnx_input(est, X, y, spec, first_call)
-        X = onnx_head_output(est, template, X, y, first_call)
-        dtype = spec.float_type if dtype is None else dtype
-        X = conform_input(X, spec, dtype)
-    else:
-        # a DataFrame whose columns the template's head takes by name: the head's output
-        X, y = validate_fit_data(
-            est,
-            X,
-            y,
-            reset=first_call,
-            accept_sparse=["csr", "csc"],
-            multi_output=True,
-            dtype=[np.float64, np.float32] if dtype is None else [np.float32, np.float64],
-            y_numeric=not is_classifier(est),
-        )
+    X, y, dtype = template_input(template).fit(est, template, X, y, first_call, dtype)
     if y.ndim == 2 and y.shape[1] == 1:
         warnings.warn(
             "A column-vector y was passed when a 1d array was expected. Please "
@@ -96,25 +78,6 @@ def validate_fit_input(est, X, y, sample_weight, first_call, incremental, classe
     check_runtime(est, dtype)
     check_outputs(est, y2d, first_call)
     return X, y2d, sample_weight, fitted, loss, optimizer
-
-
-def onnx_head_output(est, template, X, y, first_call):
-    """``X`` through the steps of a Pipeline in front of an ONNX template (fitted here on
-    a first fit when they are not, and kept for ``initialize``), or ``X`` itself."""
-    if not hasattr(template, "steps"):
-        return X
-    if first_call:
-        head = copy.deepcopy(template[:-1])
-        Xt = head.fit_transform(X, y) if unfitted_head_steps(template) else head.transform(X)
-        est._fitted_head = head  # estimator_ is the Pipeline of these steps (initialize)
-        return Xt
-    return fitted_onnx_head(est).transform(X)
-
-
-def fitted_onnx_head(est):
-    """The fitted steps in front of an ONNX template: of this fit, or of the fitted model."""
-    head = est.__dict__.get("_fitted_head")
-    return est.estimator_[:-1] if head is None else head
 
 
 def check_batches_needed(est, optimizer):
@@ -192,14 +155,8 @@ def validate_validation_data(est, validation, y2d, fitted, optimizer, X=None):
         )
     if is_rows(X) and dask_input(X_val):
         return X.validation_set(est, X_val, y_val, sw_val, y2d.shape[1])
-    spec = input_spec(est._template())
-    if spec is not None:
-        X_val = validate_onnx_input(est, X_val, None, spec, False, "X_val")[0]
-        if hasattr(est._template(), "steps"):
-            X_val = fitted_onnx_head(est).transform(X_val)
-        X_val = conform_input(X_val, spec, y2d.dtype, "X_val")
-    else:
-        X_val = _validate_frame(est, X_val, y2d.dtype)
+    template = est._template()
+    X_val = template_input(template).validation(est, template, X_val, y2d.dtype)
     y_val = np.ascontiguousarray(est._validation_targets(y_val, fitted), dtype=y2d.dtype)
     if y_val.shape[0] != X_val.shape[0] or y_val.shape[1] != y2d.shape[1]:
         raise ValueError(
