@@ -692,3 +692,49 @@ def test_expands_read_twice_or_scaled_by_tensors_stay():
         [_const("shape", [4, 5, 3])],
     )
     assert standard_passes.rewrite_scaled_expands(model) == 0
+
+
+@pytest.mark.parametrize(
+    ("height", "pool", "rewritten"),
+    [
+        (8, {"kernel_shape": [2, 2], "strides": [2, 2]}, 1),
+        (9, {"kernel_shape": [2, 2], "strides": [2, 2]}, 1),  # a row left out
+        (8, {"kernel_shape": [3, 3], "strides": [3, 2]}, 0),  # windows overlap: kept
+        (8, {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [1, 1, 1, 1]}, 0),
+    ],
+)
+def test_maxpool_adjoint_as_maxunpool_has_the_same_values(height, pool, rewritten):
+    """Conv -> Relu -> MaxPool -> sum of squares: onnx-ad's ScatterND of the pooled
+    adjoint becomes a MaxUnpool where the windows do not overlap; the gradient is the
+    same bit for bit, ties in a window included (a constant region)."""
+    rng = np.random.RandomState(0)
+    W = rng.randn(3, 1, 3, 3).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("MaxPool", ["r"], ["p"], **pool),
+        helper.make_node("Mul", ["p", "p"], ["sq"]),
+        helper.make_node("ReduceSum", ["sq"], ["loss"], keepdims=0),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "pool",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 1, height, 8]),
+            helper.make_tensor_value_info("W", TensorProto.FLOAT, [3, 1, 3, 3]),
+        ],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    grad = standard.gradient_graph(model, ["W"], batch=4)
+    standard_passes.fold_shape_computations(grad)
+    assert "ScatterND" in {n.op_type for n in grad.graph.node}
+    changed = _copy(grad)
+    assert standard_passes.rewrite_maxpool_scatters(changed) == rewritten
+    ops = {n.op_type for n in changed.graph.node}
+    assert ("MaxUnpool" in ops) == bool(rewritten) and ("ScatterND" in ops) != bool(rewritten)
+    x = rng.randn(4, 1, height, 8).astype(np.float32)
+    x[:, :, :4, :4] = 0.5  # a constant region: ties in its windows
+    feeds = {"x": x, "W": W}
+    for a, b in zip(_run(grad, feeds), _run(changed, feeds)):
+        np.testing.assert_array_equal(a, b)
