@@ -733,6 +733,11 @@ def test_maxpool_adjoint_as_maxunpool_has_the_same_values(height, pool, rewritte
     assert standard_passes.rewrite_maxpool_scatters(changed) == rewritten
     ops = {n.op_type for n in changed.graph.node}
     assert ("MaxUnpool" in ops) == bool(rewritten) and ("ScatterND" in ops) != bool(rewritten)
+    # the forward pass's pooling gives the indices: one MaxPool instead of two
+    assert [n.op_type for n in changed.graph.node].count("MaxPool") == 2
+    assert standard_passes.merge_maxpool_indices(changed) == 1
+    pools = [n for n in changed.graph.node if n.op_type == "MaxPool"]
+    assert len(pools) == 1 and len(pools[0].output) == 2
     x = rng.randn(4, 1, height, 8).astype(np.float32)
     x[:, :, :4, :4] = 0.5  # a constant region: ties in its windows
     feeds = {"x": x, "W": W}

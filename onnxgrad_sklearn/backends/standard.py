@@ -183,6 +183,7 @@ def _simplify(model: onnx.ModelProto) -> None:
     from .._passes import drop_identities, merge_duplicate_nodes, prune, static_shapes
     from .standard_passes import (
         fold_shape_computations,
+        merge_maxpool_indices,
         rewrite_broadcast_expands,
         rewrite_leading_sums,
         rewrite_maxpool_scatters,
@@ -205,6 +206,7 @@ def _simplify(model: onnx.ModelProto) -> None:
         "broadcast expands": rewrite_broadcast_expands(model, shapes),
         "scaled expands": rewrite_scaled_expands(model, shapes),
         "max-pool scatters": rewrite_maxpool_scatters(model, shapes),
+        "max-pool indices": merge_maxpool_indices(model),
         "unit reductions": rewrite_unit_reductions(model, shapes),
         "identities": drop_identities(model),
         "duplicates": merge_duplicate_nodes(model),

@@ -17,10 +17,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from .._passes import _edit_nodes, static_shapes, static_types
+from .._passes import _edit_nodes, _rename_inputs, static_shapes, static_types
 
 __all__ = [
     "fold_shape_computations",
+    "merge_maxpool_indices",
     "merge_update",
     "rewrite_broadcast_expands",
     "rewrite_leading_sums",
@@ -547,6 +548,42 @@ def rewrite_maxpool_scatters(model: onnx.ModelProto, shapes: dict | None = None)
         _edit_nodes(graph, edits)
         graph.initializer.extend(extra)
     return len(edits)
+
+
+def merge_maxpool_indices(model: onnx.ModelProto) -> int:
+    """Let the forward pass's ``MaxPool`` give the indices its adjoint pools again for, in place.
+
+    onnx-ad computes a ``MaxPool``'s indices with a second ``MaxPool`` of the same
+    input and attributes in the backward pass: the forward one then goes, its
+    readers reading the second one's first output (the same maxima), which moves
+    to its place. Returns the number of poolings removed.
+    """
+    graph = model.graph
+    outputs = {o.name for o in graph.output}
+
+    def key(node):
+        return node.input[0], tuple(sorted(a.SerializeToString() for a in node.attribute))
+
+    with_indices = {}  # the first pooling with indices of each input and attributes
+    for k, node in enumerate(graph.node):
+        if node.op_type == "MaxPool" and len(node.output) == 2 and node.domain in ("", "ai.onnx"):
+            with_indices.setdefault(key(node), k)
+    renamed, edits = {}, {}
+    for i, node in enumerate(graph.node):
+        if node.op_type != "MaxPool" or len(node.output) != 1 or node.output[0] in outputs:
+            continue
+        k = with_indices.pop(key(node), None)
+        if k is None or k < i:  # none, or one that comes first: nothing to move
+            continue
+        renamed[node.output[0]] = graph.node[k].output[0]
+        moved = onnx.NodeProto()
+        moved.CopyFrom(graph.node[k])
+        edits[i], edits[k] = [moved], []
+    if not edits:
+        return 0
+    _edit_nodes(graph, edits)
+    _rename_inputs(graph, renamed)
+    return len(renamed)
 
 
 def _readers(graph: onnx.GraphProto) -> dict:
