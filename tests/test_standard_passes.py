@@ -743,3 +743,49 @@ def test_maxpool_adjoint_as_maxunpool_has_the_same_values(height, pool, rewritte
     feeds = {"x": x, "W": W}
     for a, b in zip(_run(grad, feeds), _run(changed, feeds)):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize(
+    ("channels", "conv", "rewritten"),
+    [
+        (1, {"pads": [1, 1, 1, 1]}, 1),
+        (3, {"pads": [0, 1, 2, 0]}, 1),  # unequal padding
+        (8, {}, 1),
+        (8, {"strides": [2, 2]}, 0),  # strided: onnx-ad's convolution kept
+        (17, {}, 0),  # 17 x 3 x 3 inputs per filter: beyond PATCH_CONV_MAX_INPUTS
+    ],
+)
+def test_weight_gradient_of_a_conv_as_patches_equals_onnx_ads(channels, conv, rewritten):
+    """Conv -> Relu -> sum of squares: the filters' gradient written as one-hot
+    patches times the output's adjoint equals onnx-ad's convolution over the batch
+    within float32 rounding; the input's gradient is untouched."""
+    rng = np.random.RandomState(0)
+    W = rng.randn(4, channels, 3, 3).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "W"], ["c"], kernel_shape=[3, 3], **conv),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("Mul", ["r", "r"], ["sq"]),
+        helper.make_node("ReduceSum", ["sq"], ["loss"], keepdims=0),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "conv",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, channels, 9, 8]),
+            helper.make_tensor_value_info("W", TensorProto.FLOAT, [4, channels, 3, 3]),
+        ],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    grad = standard.gradient_graph(model, ["W", "x"], batch=5)
+    standard_passes.fold_shape_computations(grad)
+    changed = _copy(grad)
+    assert standard_passes.rewrite_weight_gradient_convs(changed) == rewritten
+    assert any(n.name.startswith("PatchConv") or "PatchConv" in "".join(n.output)
+               for n in changed.graph.node) == bool(rewritten)  # fmt: skip
+    feeds = {"x": rng.randn(5, channels, 9, 8).astype(np.float32), "W": W}
+    before, after = _run(grad, feeds), _run(changed, feeds)
+    assert [a.shape for a in before] == [b.shape for b in after]
+    for a, b in zip(before, after):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-4)
+    assert np.abs(before[1]).max() > 1  # a gradient worth comparing

@@ -194,6 +194,7 @@ def _simplify(model: onnx.ModelProto) -> None:
         rewrite_sum_of_squares,
         rewrite_unit_reductions,
         rewrite_unit_transposes,
+        rewrite_weight_gradient_convs,
     )
 
     prune(model)
@@ -201,6 +202,7 @@ def _simplify(model: onnx.ModelProto) -> None:
     shapes = static_shapes(model)
     counts = {
         "folded shapes": folded,
+        "weight-gradient convolutions": rewrite_weight_gradient_convs(model, shapes),
         "unit transposes": rewrite_unit_transposes(model, shapes),
         "no-op expands": rewrite_noop_expands(model, shapes),
         "broadcast expands": rewrite_broadcast_expands(model, shapes),
