@@ -131,6 +131,7 @@ class FitState:
         self.optimizer_state = None
         self.order = None
         self.best_weights = None
+        self.best_statistics = None
 
 
 def fit_state(estimator):

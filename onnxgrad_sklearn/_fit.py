@@ -254,6 +254,7 @@ class Fit:
                     self._best_statistics = engine.statistics()
                 if state is not None:
                     state.best_weights = best_weights
+                    state.best_statistics = self._best_statistics
                 stop = self._stops(early_stopping, bar)
                 task.show(self.progress())
                 if task.end(engine.snapshot) and not stop:
@@ -313,6 +314,8 @@ class Fit:
         self._random_state.set_state(saved["random_state"])
         if saved["best_weights"] is not None:
             best_weights = saved["best_weights"]
+        if saved.get("best_statistics"):  # BatchNormalization's, of the best epoch
+            self._best_statistics = saved["best_statistics"]
         logger.info("Going on from the checkpoint of epoch %d.", self.n_iter_)
         return order, best_weights
 

@@ -716,6 +716,10 @@ class Checkpoint:
         best = None
         if meta["n_best"] is not None:
             best = [arrays[f"best_{i}"] for i in range(meta["n_best"])]
+        best_statistics = {  # BatchNormalization's running statistics of the best epoch
+            name: arrays[f"best_statistic_{k}"]
+            for k, name in enumerate(meta.get("best_statistics") or ())
+        }
         rs = meta["random_state"]
         self.resumed_from_ = meta["fit"]["n_iter_"]
         return {
@@ -724,6 +728,7 @@ class Checkpoint:
             "weights": weights,
             "optimizer_state": optimizer,
             "best_weights": best,
+            "best_statistics": best_statistics or None,
             "order": arrays["order"],
             "random_state": (
                 rs["name"],
@@ -771,6 +776,9 @@ class Checkpoint:
         best = state.best_weights
         for i, w in enumerate(best or ()):
             arrays[f"best_{i}"] = w
+        best_statistics = dict(getattr(state, "best_statistics", None) or {})
+        for k, value in enumerate(best_statistics.values()):
+            arrays[f"best_statistic_{k}"] = np.asarray(value)
         name, key, pos, has_gauss, cached = estimator._random_state.get_state()
         arrays["random_state_key"] = key
         arrays["order"] = np.asarray(state.order)
@@ -788,6 +796,7 @@ class Checkpoint:
             "data": _data_digests(state.data),
             "n_weights": len(weights),
             "n_best": None if best is None else len(best),
+            **({"best_statistics": list(best_statistics)} if best_statistics else {}),
             "optimizer": {
                 "step": int(optimizer["step"]),
                 "state_names": list(optimizer["state_names"]),

@@ -748,3 +748,39 @@ def test_dynamo_export_trains_as_torch():
     expected = train_sgd(module, X, y, "squared_error", 0.05, 32)
     for name, value in expected.items():
         np.testing.assert_allclose(reg.estimator_.weights_[name], value, rtol=1e-4, atol=1e-6)
+
+
+def test_checkpoint_carries_the_best_epochs_statistics(tmp_path):
+    """Early stopping ends on the best epoch's weights and BatchNormalization statistics:
+    a fit interrupted after its best epoch and resumed from its Checkpoint file ends
+    on the same ones as the fit never interrupted."""
+    torch = pytest.importorskip("torch")
+    from _helpers import QuietCallback
+
+    from onnxgrad_sklearn.callbacks import Checkpoint
+
+    model = _training_export(torch, _bn_dropout_net(torch, ratio=0.0), torch.zeros(4, 10))
+    X, y = _diabetes()
+    settings = dict(max_iter=200, random_state=0, early_stopping=True, n_iter_no_change=2, tol=0.0)
+    whole = OrtGradientRegressor(OnnxTemplate(model), **settings).fit(X, y)
+    best = int(np.argmax(whole.validation_scores_))
+    stop_at = best + 2  # after the best epoch, before the end
+    assert stop_at < whole.n_iter_  # the fit ends on weights of an earlier epoch
+
+    class Stop(QuietCallback):
+        def on_fit_task_end(self, estimator, context):
+            if context.task_name == "epoch" and estimator.n_iter_ == stop_at:
+                raise KeyboardInterrupt
+            return False
+
+    first = OrtGradientRegressor(OnnxTemplate(model), **settings)
+    first.set_callbacks(Checkpoint(tmp_path / "fit.ckpt"), Stop())
+    with pytest.raises(KeyboardInterrupt):
+        first.fit(X, y)
+    resumed = OrtGradientRegressor(OnnxTemplate(model), **settings)
+    resumed.set_callbacks(Checkpoint(tmp_path / "fit.ckpt")).fit(X, y)
+    assert resumed.n_iter_ == whole.n_iter_
+    statistics = [n for n in whole.estimator_.weights_ if "running" in n]
+    assert statistics  # the BatchNormalization's running mean and variance
+    for name, value in whole.estimator_.weights_.items():
+        np.testing.assert_array_equal(resumed.estimator_.weights_[name], value, err_msg=name)
