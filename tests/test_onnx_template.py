@@ -164,20 +164,29 @@ def test_cnn_classifier_one_epoch_of_sgd_equals_torch(backend):
     assert not hasattr(clf, "n_features_in_")  # X is 4-D
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_text_classifier_with_an_embedding_equals_torch(backend):
-    torch = pytest.importorskip("torch")
-    from _torch_models import TextClassifier, export, train_sgd
+def _text_classifier(torch, rows, **params):
+    """An embedding + LayerNorm text classifier exported by PyTorch, token ids and
+    labels of ``rows`` rows, and an estimator training it by one epoch of SGD."""
+    from _torch_models import TextClassifier, export
 
     rng = np.random.RandomState(0)
-    ids = rng.randint(0, 50, size=(256, 12)).astype(np.int64)
+    ids = rng.randint(0, 50, size=(rows, 12)).astype(np.int64)
     y = (ids[:, 0] % 3).astype(np.int64)
     module = TextClassifier(vocabulary=50, dim=8, n_classes=3)
     model = export(module, torch.zeros(2, 12, dtype=torch.int64), input_name="ids")
     clf = OrtGradientClassifier(
         OnnxTemplate(model), optimizer="sgd", learning_rate_init=0.5, batch_size=32,
-        shuffle=False, max_iter=1, backend=backend,
+        shuffle=False, max_iter=1, **params,
     )  # fmt: skip
+    return module, ids, y, clf
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_text_classifier_with_an_embedding_equals_torch(backend):
+    torch = pytest.importorskip("torch")
+    from _torch_models import train_sgd
+
+    module, ids, y, clf = _text_classifier(torch, 256, backend=backend)
     if backend == "agent":  # its gradient builder fails on this LayerNormalization
         with pytest.raises(ValueError, match="LayerNormalization with one output"):
             clf.fit(ids, y)
@@ -599,17 +608,9 @@ def test_early_stopping_on_a_validation_set():
 
 def test_text_classifier_float64_equals_torch():
     torch = pytest.importorskip("torch")
-    from _torch_models import TextClassifier, export, train_sgd
+    from _torch_models import train_sgd
 
-    rng = np.random.RandomState(0)
-    ids = rng.randint(0, 50, size=(128, 12)).astype(np.int64)
-    y = (ids[:, 0] % 3).astype(np.int64)
-    module = TextClassifier(vocabulary=50, dim=8, n_classes=3)
-    model = export(module, torch.zeros(2, 12, dtype=torch.int64), input_name="ids")
-    clf = OrtGradientClassifier(
-        OnnxTemplate(model), optimizer="sgd", learning_rate_init=0.5, batch_size=32,
-        shuffle=False, max_iter=1, dtype="float64",
-    )  # fmt: skip
+    module, ids, y, clf = _text_classifier(torch, 128, dtype="float64")
     clf.fit(ids, y)
     expected = train_sgd(module.double(), ids, torch.as_tensor(y), "log_loss", 0.5, 32)
     for name, value in expected.items():
