@@ -776,7 +776,7 @@ class Checkpoint:
         best = state.best_weights
         for i, w in enumerate(best or ()):
             arrays[f"best_{i}"] = w
-        best_statistics = dict(getattr(state, "best_statistics", None) or {})
+        best_statistics = dict(state.best_statistics or {})
         for k, value in enumerate(best_statistics.values()):
             arrays[f"best_statistic_{k}"] = np.asarray(value)
         name, key, pos, has_gauss, cached = estimator._random_state.get_state()
@@ -907,10 +907,10 @@ def _in_cross_validation() -> bool:
 
 class _FinalState:
     """What :meth:`Checkpoint._write` reads of a fit, at its end (folder mode): the
-    engine's weights and optimizer state, no best weights (the final weights are the
-    kept ones) and no order of the rows (a finished fit does not go on)."""
+    engine's weights and optimizer state, no best weights or statistics (the final
+    ones are the kept ones) and no order of the rows (a finished fit does not go on)."""
 
-    best_weights = None
+    best_weights = best_statistics = None
     order = np.zeros(0, dtype=np.intp)
 
     def __init__(self, engine, data):
