@@ -6,10 +6,11 @@ inference (:func:`static_shapes`); and passes that hold for any graph: weights a
 inputs without copies (:func:`initializers_as_inputs`), the nodes a derivative
 goes through (:func:`differentiated_nodes`), removing the nodes no output needs
 (:func:`prune`), identities (:func:`drop_identities`) and repeated nodes
-(:func:`merge_duplicate_nodes`). The rewrites made for one backend's gradient
-graphs live beside it: :mod:`onnxgrad_sklearn.backends.agent_passes` (the
-TrainingAgent's) and :mod:`onnxgrad_sklearn.backends.standard_passes` (onnx-ad's,
-and the update rule merged into the step graph).
+(:func:`merge_duplicate_nodes`); an optimizer's update graph appended to a gradient
+graph (:func:`merge_update`: both backends train with one run of the two). The
+rewrites made for one backend's gradient graphs live beside it:
+:mod:`onnxgrad_sklearn.backends.agent_passes` (the TrainingAgent's) and
+:mod:`onnxgrad_sklearn.backends.standard_passes` (onnx-ad's).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ __all__ = [
     "fix_dimension",
     "initializers_as_inputs",
     "merge_duplicate_nodes",
+    "merge_update",
     "needed_nodes",
     "op_types",
     "pin_versions",
@@ -430,6 +432,69 @@ def constant_input(model: onnx.ModelProto, name: str, value: np.ndarray) -> None
     info = next(i for i in graph.input if i.name == name)
     graph.input.remove(info)
     graph.initializer.append(onnx.numpy_helper.from_array(value, name))
+
+
+def merge_update(
+    model: onnx.ModelProto,
+    update: onnx.ModelProto,
+    connect: dict[str, str],
+    prefix: str = "update/",
+) -> dict[str, str]:
+    """Append the update graph ``update`` to ``model``, in place.
+
+    Every name of ``update`` is prefixed, except its inputs listed in ``connect``
+    (input name to the tensor of ``model`` that feeds it). Its other inputs
+    become inputs of ``model`` and its outputs outputs of ``model``.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The gradient graph; modified.
+    update : onnx.ModelProto
+        The optimizer's update graph.
+    connect : dict of str to str
+        Which tensors of ``model`` its inputs are.
+    prefix : str, default="update/"
+        Prefix of the other names.
+
+    Returns
+    -------
+    dict of str to str
+        The new name of each input and output of ``update`` that was not connected.
+    """
+
+    def name(old: str) -> str:
+        if not old:
+            return old
+        return connect.get(old, prefix + old)
+
+    graph = model.graph
+    for node in update.graph.node:
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        copy.name = prefix + (node.name or node.output[0])
+        copy.input[:] = [name(n) for n in node.input]
+        copy.output[:] = [name(n) for n in node.output]
+        graph.node.append(copy)
+    for init in update.graph.initializer:
+        copy = onnx.TensorProto()
+        copy.CopyFrom(init)
+        copy.name = name(init.name)
+        graph.initializer.append(copy)
+    renamed = {}
+    for info in update.graph.input:
+        if info.name in connect:
+            continue
+        copy = onnx.ValueInfoProto()
+        copy.CopyFrom(info)
+        copy.name = renamed[info.name] = name(info.name)
+        graph.input.append(copy)
+    for info in update.graph.output:
+        copy = onnx.ValueInfoProto()
+        copy.CopyFrom(info)
+        copy.name = renamed[info.name] = name(info.name)
+        graph.output.append(copy)
+    return renamed
 
 
 def op_types(nodes: Sequence[onnx.NodeProto]) -> list[str]:

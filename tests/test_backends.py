@@ -196,6 +196,23 @@ def test_standard_backend_undo_and_restore(optimizer, two_sets, monkeypatch):
     engine, batches = _engine(optimizer)
     assert engine._backend.guarded == two_sets
     assert engine.backend == "standard"
+    _check_undo_and_restore(engine, batches)
+
+
+@needs_agent
+@pytest.mark.parametrize("optimizer", [Nesterov(0.9), "adam", _PerTensorNesterov(0.9)])
+def test_agent_backend_undo_and_restore(optimizer):
+    """The same with the agent: the update in the backward run (element-wise rules) or
+    in a session of its own."""
+    engine, batches = _engine(optimizer, backend="agent")
+    assert engine.backend == "agent"
+    assert (engine._backend._fused is not None) == (not isinstance(optimizer, _PerTensorNesterov))
+    _check_undo_and_restore(engine, batches)
+
+
+def _check_undo_and_restore(engine, batches):
+    """Undo, checkpoint and restore, and a non-finite loss, give back the weights as
+    they were."""
     engine.train_batch(*batches[0], 0.01)
     before = engine.get_weights(), engine.get_state()
     engine.train_batch(*batches[1], 0.01)

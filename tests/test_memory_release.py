@@ -6,6 +6,7 @@ import weakref
 
 import numpy as np
 import pytest
+from _helpers import no_artifacts
 from sklearn.neural_network import MLPRegressor
 
 from onnxgrad_sklearn import OrtGradientRegressor, runtime
@@ -32,9 +33,43 @@ def _fit(optimizer, **kwargs):
         return est.fit(X, y)
 
 
+def _same_fits(a, b):
+    final_a, final_b = a.estimator_, b.estimator_
+    for x, y in zip(final_a.coefs_ + final_a.intercepts_, final_b.coefs_ + final_b.intercepts_):
+        np.testing.assert_array_equal(x, y)
+    assert a.loss_curve_ == b.loss_curve_
+
+
+@pytest.mark.parametrize("optimizer", ["nesterov", "adam", "sgd"])
+def test_update_in_the_backward_run_is_the_update_session(monkeypatch, optimizer):
+    """The update appended to the TrainingAgent's gradient graph (one run for the
+    backward pass and the update) gives the very weights and losses of the update
+    graph run in a session of its own after the backward run."""
+    no_artifacts(monkeypatch, kept=False)  # each fit builds its graphs
+    fused = _fit(optimizer)
+    assert fused._engine._backend._fused is not None
+    assert fused._engine._backend._update is None  # no update session made
+    monkeypatch.setattr(agent, "fuse_update", lambda *a: None)
+    separate = _fit(optimizer)
+    assert separate._engine._backend._fused is None
+    _same_fits(fused, separate)
+
+
+def test_backward_run_checks_what_it_writes_into():
+    """A list of buffers to write into of another length than the outputs is refused
+    (the runtime would read past it)."""
+    est = _fit("nesterov")
+    backend = est._engine._backend
+    X, y = _data()
+    loss, state = backend._forward(X[:8], y[:8, None].astype(np.float32), np.ones(8, np.float32))
+    with pytest.raises(ValueError, match="run_backward writes"):
+        backend.forward_backward.backward([backend._one], state, backend._fused.gradients)
+
+
 @pytest.mark.parametrize("optimizer", ["nesterov", "adam", "sgd"])
 def test_chunked_update_is_the_flat_update(monkeypatch, optimizer):
     """The update by pieces gives the very weights and losses of one flat call."""
+    no_artifacts(monkeypatch, kept=False)  # the second fit builds the unfused graphs
     flat = _fit(optimizer)
     calls = []
     run = agent._ChunkedUpdate.run
@@ -43,10 +78,7 @@ def test_chunked_update_is_the_flat_update(monkeypatch, optimizer):
     monkeypatch.setattr(agent._ChunkedUpdate, "run", lambda *a: calls.append(1) or run(*a))
     chunked = _fit(optimizer)
     assert calls
-    final_a, final_b = flat.estimator_, chunked.estimator_
-    for a, b in zip(final_a.coefs_ + final_a.intercepts_, final_b.coefs_ + final_b.intercepts_):
-        np.testing.assert_array_equal(a, b)
-    assert flat.loss_curve_ == chunked.loss_curve_
+    _same_fits(flat, chunked)
 
 
 def _large_fit_case(backend):

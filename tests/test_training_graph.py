@@ -57,14 +57,16 @@ def _targets(est, y):
 
 
 def _nodes(est):
-    return list(est._engine._backend.forward_backward.gradient_model.graph.node)
+    # the gradient graph's own nodes, without the update appended to it (fuse_update)
+    nodes = est._engine._backend.forward_backward.gradient_model.graph.node
+    return [n for n in nodes if not n.name.startswith("update/")]
 
 
 def _graph(est):
     model = est._engine._backend.forward_backward.gradient_model
     y_true = next(i for i in model.graph.input if i.name == Y_TRUE)
     dims = [d.dim_value or d.dim_param for d in y_true.type.tensor_type.shape.dim]
-    return Counter(n.op_type for n in model.graph.node), dims
+    return Counter(n.op_type for n in _nodes(est)), dims
 
 
 def assert_same_loss_and_gradients(est, other, y2d):

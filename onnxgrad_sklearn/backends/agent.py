@@ -25,6 +25,7 @@ GridSearchCV reuse them, two fits at once in two threads each get their own.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -39,6 +40,7 @@ from ..runtime import (
     options_key,
     ort_device,
     ortvalue_list,
+    ortvalue_view,
     release_model_bytes,
     run_with_ortvalues,
     session_providers,
@@ -89,6 +91,8 @@ OrtValueVector = _C.OrtValueVector
 CHUNKED_UPDATE_FROM = LARGE_MODEL
 #: Elements of a piece of the chunked update (4 MB in float32).
 UPDATE_CHUNK = 1 << 20
+#: Prefix of the update's names inside the gradient graph (:func:`fuse_update`).
+UPDATE = "update/"
 
 
 def _vector(values: Sequence[OrtValue]) -> OrtValueVector:
@@ -196,7 +200,9 @@ class TrainingAgent:
         self._agent.run_forward(_vector(feeds), fetches, state, _C.OrtValueCache())
         return ortvalue_list(fetches)
 
-    def run_backward(self, grad_outputs: Sequence[OrtValue], state) -> list[OrtValue]:
+    def run_backward(
+        self, grad_outputs: Sequence[OrtValue], state, into: Sequence[OrtValue] | None = None
+    ) -> list[OrtValue]:
         """Resume the graph after the ``YieldOp`` and return the gradients.
 
         Parameters
@@ -206,15 +212,27 @@ class TrainingAgent:
             output of the forward pass.
         state : PartialGraphExecutionState
             The state given to :meth:`run_forward` for the same batch.
+        into : list of OrtValue, optional
+            One value per name of ``bw_fetches_names``, of its shape and type: the
+            runtime writes the outputs into them (nothing is allocated for them).
+            None: the runtime allocates the outputs.
 
         Returns
         -------
         list of OrtValue
-            One value per name of ``bw_fetches_names``.
+            One value per name of ``bw_fetches_names`` (``into`` when given).
         """
-        fetches = OrtValueVector()
+        if into is None:
+            fetches = OrtValueVector()
+        else:
+            if len(into) != len(self.bw_fetches_names):  # a shorter vector is read past
+                raise ValueError(
+                    f"run_backward writes {len(self.bw_fetches_names)} outputs "
+                    f"({self.bw_fetches_names}), got {len(into)} values to write into."
+                )
+            fetches = _vector(into)
         self._agent.run_backward(_vector(grad_outputs), fetches, state)
-        return ortvalue_list(fetches)
+        return list(into) if into is not None else ortvalue_list(fetches)
 
 
 class OrtGradientForwardBackward:
@@ -482,7 +500,9 @@ class OrtGradientForwardBackward:
             if self.shared:
                 SESSIONS.give_back(self._agent_key, agent, self._n_weights)
 
-    def forward(self, inputs: Sequence[OrtValue], weights: Sequence[OrtValue]):
+    def forward(
+        self, inputs: Sequence[OrtValue], weights: Sequence[OrtValue], extra: Sequence = ()
+    ):
         """Run the training forward pass.
 
         Parameters
@@ -491,6 +511,9 @@ class OrtGradientForwardBackward:
             One value per name of ``input_names``.
         weights : list of OrtValue
             One value per name of ``weights_to_train``.
+        extra : list of OrtValue, default=()
+            The gradient graph's inputs after the weights, in order: those of an
+            update appended to it (:func:`fuse_update`).
 
         Returns
         -------
@@ -506,10 +529,12 @@ class OrtGradientForwardBackward:
             )
         agent = self.agent
         state = agent.new_state()
-        outputs = agent.run_forward(list(inputs) + list(weights), state)
+        outputs = agent.run_forward([*inputs, *weights, *extra], state)
         return outputs[: self._n_user_outputs], state
 
-    def backward(self, grad_outputs: Sequence[OrtValue], state) -> list[OrtValue]:
+    def backward(
+        self, grad_outputs: Sequence[OrtValue], state, into: Sequence[OrtValue] | None = None
+    ) -> list[OrtValue]:
         """Run the backward pass of the batch whose forward pass produced ``state``.
 
         Parameters
@@ -518,18 +543,21 @@ class OrtGradientForwardBackward:
             One value per index of ``differentiable_output_indices``.
         state : PartialGraphExecutionState
             Returned by :meth:`forward`; a state serves one backward pass.
+        into : list of OrtValue, optional
+            Where the runtime writes the outputs (:meth:`TrainingAgent.run_backward`).
 
         Returns
         -------
         list of OrtValue
-            Gradients of ``input_names_require_grad`` then of ``weights_to_train``.
+            Gradients of ``input_names_require_grad`` then of ``weights_to_train``
+            (after an appended update's outputs: :func:`fuse_update`).
         """
         if len(grad_outputs) != len(self.differentiable_output_indices):
             raise ValueError(
                 f"backward expects {len(self.differentiable_output_indices)} output "
                 f"gradients, got {len(grad_outputs)}."
             )
-        return self.agent.run_backward(grad_outputs, state)
+        return self.agent.run_backward(grad_outputs, state, into)
 
     def forward_inference(
         self, inputs: Sequence[OrtValue], weights: Sequence[OrtValue]
@@ -571,13 +599,14 @@ class OrtGradientForwardBackward:
 class AgentBackend(Backend):
     """The training step on onnxruntime-training: forward, backward, then the update.
 
-    :class:`OrtGradientForwardBackward` runs forward and backward; the
-    optimizer's update graph runs in a second session. On CPU an element-wise
-    rule updates one flat vector per set of
+    :class:`OrtGradientForwardBackward` runs forward and backward. On CPU an
+    element-wise rule updates one flat vector per set of
     :class:`~onnxgrad_sklearn.backends.buffers.DoubleBuffers` (nothing allocated
-    per batch, a free undo); otherwise each update returns
-    new values per weight. See :class:`~onnxgrad_sklearn.backends.Backend` for
-    the parameters.
+    per batch, a free undo): in the backward run itself, the update appended to the
+    gradient graph (:func:`fuse_update`), or for a large model
+    (:data:`CHUNKED_UPDATE_FROM`) by pieces in a session of its own. Otherwise the
+    optimizer's update graph runs in a second session and returns new values per
+    weight. See :class:`~onnxgrad_sklearn.backends.Backend` for the parameters.
     """
 
     name = "agent"
@@ -600,31 +629,38 @@ class AgentBackend(Backend):
             for name in self.forward_backward.input_names
             if name in self.constants
         ]
-        flat = bool(self.plan.meta["flat"])
-        # The update session runs on one thread: a second pool of threads competes
-        # with the training session's (benchmarks/README.md).
-        self._update = self.session("update.onnx", options=self.update_options)
-        self._update_inputs = [i.name for i in self._update.get_inputs()]
+        meta = self.plan.meta
+        flat = bool(meta["flat"])
         self._one = to_ortvalue(np.array(1.0, dtype=np.float32), self.device)
         self._lr = to_ortvalue(np.array(0.0, dtype=np.float32), self.device)
         self._previous = None
         self._flat = None
         self._chunked = None
+        self._fused = None
+        self._update = None
+        if not meta.get("fused"):
+            # The update session runs on one thread: a second pool of threads competes
+            # with the training session's (benchmarks/README.md).
+            self._update = self.session("update.onnx", options=self.update_options)
+            self._update_inputs = [i.name for i in self._update.get_inputs()]
         if flat:
             self._flat = DoubleBuffers(self.shapes, len(optimizer.state_names))
-            names = ["param", *optimizer.state_names]
-            vectors = self._flat.vectors
-            self._runs = [
-                BoundRun(
-                    self._update,
-                    {"learning_rate": self._lr, **dict(zip(names, vectors[p]))},
-                    {f"new_{n}": v for n, v in zip(names, vectors[1 - p])},
-                )
-                for p in (0, 1)
-            ]
-            self._grad_names = [f"grad_{i}" for i in range(len(self.shapes))]
             self._flat.write(0, start)
-            if self.n_weights >= CHUNKED_UPDATE_FROM:
+            if meta.get("fused"):
+                self._fused = _FusedUpdate(meta, optimizer, self.shapes, self._flat, self._lr)
+            else:
+                names = ["param", *optimizer.state_names]
+                vectors = self._flat.vectors
+                self._runs = [
+                    BoundRun(
+                        self._update,
+                        {"learning_rate": self._lr, **dict(zip(names, vectors[p]))},
+                        {f"new_{n}": v for n, v in zip(names, vectors[1 - p])},
+                    )
+                    for p in (0, 1)
+                ]
+                self._grad_names = [f"grad_{i}" for i in range(len(self.shapes))]
+            if self._fused is None and self.n_weights >= CHUNKED_UPDATE_FROM:
                 self._chunked = _ChunkedUpdate(
                     optimizer, self.shapes, self._flat, self._lr, self.update_options
                 )
@@ -644,6 +680,9 @@ class AgentBackend(Backend):
         update = optimizer.build_update_model([tuple(s) for s in shapes], flat=flat)
         blobs["update.onnx"] = update.SerializeToString()
         meta["flat"] = flat
+        meta["fused"] = False
+        if flat and sum(math.prod(s) for s in shapes) < CHUNKED_UPDATE_FROM:
+            fuse_update(blobs, meta, update)
         return blobs, meta
 
     def release_sessions(self) -> None:
@@ -720,6 +759,8 @@ class AgentBackend(Backend):
         ]
 
     def train_batch(self, X, y, sample_weight, learning_rate):
+        if self._fused is not None:
+            return self._train_fused(X, y, sample_weight, learning_rate)
         fb = self.forward_backward
         outputs, state = fb.forward(
             [self._feed(X), self._feed(y), self._feed(sample_weight), *self._constant_feeds],
@@ -763,10 +804,27 @@ class AgentBackend(Backend):
         )
         return loss
 
+    def _train_fused(self, X, y, sample_weight, learning_rate):
+        """:meth:`train_batch` with the update in the backward run (:func:`fuse_update`):
+        it writes the weights and state of the set of buffers not read."""
+        flat, fused = self._flat, self._fused
+        parity = flat.current
+        lr = self.optimizer.step_learning_rate(learning_rate, self.step + 1)
+        self._lr.update_inplace(np.array(lr, dtype=np.float32))
+        loss, state = self._forward(X, y, sample_weight)
+        if not np.isfinite(loss):
+            return loss  # no update: the caller decides what to do
+        self.forward_backward.backward([self._one], state, fused.into[parity])
+        # taken in one assignment (see train_batch); the set read is what undo goes back to
+        self._previous, self.step, flat.current = (parity, self.step), self.step + 1, 1 - parity
+        return loss
+
     def _forward(self, X, y, sample_weight):
+        extra = () if self._fused is None else self._fused.feeds[self._flat.current]
         outputs, state = self.forward_backward.forward(
             [self._feed(X), self._feed(y), self._feed(sample_weight), *self._constant_feeds],
             self.weights,
+            extra,
         )
         return float(outputs[0].numpy()), state
 
@@ -775,8 +833,81 @@ class AgentBackend(Backend):
 
     def loss_and_gradients(self, X, y, sample_weight):
         loss, state = self._forward(X, y, sample_weight)
-        grads = self.forward_backward.backward([self._one], state)
+        if self._fused is None:
+            grads = self.forward_backward.backward([self._one], state)
+        else:  # the update's outputs go to buffers of their own: no weight changes
+            grads = self.forward_backward.backward([self._one], state, self._fused.scratch())
+            grads = grads[self._fused.n_update :]
         return loss, [g.numpy().copy() for g in grads]
+
+
+def fuse_update(blobs: dict, meta: dict, update) -> None:
+    """Append the flat update graph ``update`` to the gradient graph of ``blobs``, in place.
+
+    The backward run then updates the weights as well: its outputs are
+    ``update/new_param`` and ``update/new_<state>`` (the update's, all weights end to
+    end), then the gradients as before; the update's other inputs
+    (``update/learning_rate``, ``update/param``, ``update/<state>``) follow the weights
+    in the forward run's feeds. ``meta`` gains their names (``"update_feeds"``) and the
+    number of the update's outputs (``"update_fetches"``), and ``"fused"`` is True.
+    One run for the backward pass and the update instead of two: a separate update
+    session cost about 220 us a step at batch 32, on a step of about 650 us
+    (docs/performance.md).
+    """
+    from .._passes import merge_update
+
+    model = onnx.load_from_string(blobs["gradient.onnx"])
+    gradients = list(model.graph.output)
+    connect = {f"grad_{i}": g.name for i, g in enumerate(gradients)}
+    del model.graph.output[:]
+    known = {i.name for i in model.graph.input}
+    merge_update(model, update, connect, prefix=UPDATE)
+    model.graph.output.extend(gradients)
+    meta["update_feeds"] = [i.name for i in model.graph.input if i.name not in known]
+    meta["update_fetches"] = len(update.graph.output)
+    meta["fused"] = True
+    meta["fw_feed_names"] = [i.name for i in model.graph.input]
+    meta["bw_fetches_names"] = [o.name for o in model.graph.output]
+    blobs["gradient.onnx"] = model.SerializeToString()
+
+
+class _FusedUpdate:
+    """Where the backward run of a gradient graph with the update appended
+    (:func:`fuse_update`) reads and writes, for each set of
+    :class:`~onnxgrad_sklearn.backends.buffers.DoubleBuffers`.
+
+    ``feeds[p]``: the update's inputs after the weights when set ``p`` holds the
+    weights (the learning rate, then the weights and each state as vectors of set
+    ``p``); ``into[p]``: the backward run's outputs, the new weights and state in
+    the other set, then the gradients in buffers of their own (views of one vector).
+    """
+
+    def __init__(self, meta, optimizer, shapes, flat: DoubleBuffers, lr):
+        names = [f"{UPDATE}{n}" for n in ("param", *optimizer.state_names)]
+        vectors = flat.vectors
+        self.feeds = []
+        for p in (0, 1):
+            known = {f"{UPDATE}learning_rate": lr, **dict(zip(names, vectors[p]))}
+            self.feeds.append([known[name] for name in meta["update_feeds"]])
+        self.n_update = int(meta["update_fetches"])
+        self._gradient = np.zeros(flat.size, dtype=flat.dtype)
+        offsets = np.cumsum([0, *[math.prod(s) for s in shapes]])
+        self.gradients = [
+            ortvalue_view(self._gradient[a:b].reshape(s))
+            for a, b, s in zip(offsets[:-1], offsets[1:], shapes)
+        ]
+        self.into = [[*vectors[1 - p], *self.gradients] for p in (0, 1)]
+        self._flat, self._scratch = flat, None
+
+    def scratch(self) -> list:
+        """What a backward run that must change no weight writes into: buffers of the
+        update's outputs of their own (made at the first call), then the gradients'."""
+        if self._scratch is None:
+            self._arrays = [
+                np.zeros(self._flat.size, self._flat.dtype) for _ in range(self.n_update)
+            ]
+            self._scratch = [*(ortvalue_view(a) for a in self._arrays), *self.gradients]
+        return self._scratch
 
 
 class _ChunkedUpdate:

@@ -258,7 +258,7 @@ def step_graph(
     it builds as a training artifact.
     """
     from .._graph import model_dtype
-    from .standard_passes import merge_update
+    from .._passes import merge_update
 
     flat = bool(optimizer.elementwise)
     dtype = model_dtype(graph)

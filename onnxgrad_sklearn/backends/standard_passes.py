@@ -4,9 +4,9 @@
 makes (after the general passes of :mod:`onnxgrad_sklearn._passes`, which they
 build on): the seed axis of size 1 taken out of reductions and transposes, sums
 over the batch made matrix products, repeated products and squares written once,
-reshape chains shortened, Sigmoid adjoints in the TrainingAgent's order; then the
-optimizer's update graph merged into the gradient graph (:func:`merge_update`).
-Each returns the number of nodes it changed (:func:`merge_update`: the new names).
+reshape chains shortened, Sigmoid adjoints in the TrainingAgent's order (the
+optimizer's update graph is then merged in: :func:`onnxgrad_sklearn._passes.merge_update`).
+Each returns the number of nodes it changed.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from .._passes import _edit_nodes, _rename_inputs, static_shapes, static_types
 __all__ = [
     "fold_shape_computations",
     "merge_maxpool_indices",
-    "merge_update",
     "rewrite_broadcast_expands",
     "rewrite_leading_sums",
     "rewrite_maxpool_scatters",
@@ -859,69 +858,6 @@ def rewrite_reshape_chains(model: onnx.ModelProto, shapes: dict | None = None) -
         if node.op_type in _VIEWS and node.domain in ("", "ai.onnx") and node.input:
             producer[node.output[0]] = node
     return count
-
-
-def merge_update(
-    model: onnx.ModelProto,
-    update: onnx.ModelProto,
-    connect: dict[str, str],
-    prefix: str = "update/",
-) -> dict[str, str]:
-    """Append the update graph ``update`` to ``model``, in place.
-
-    Every name of ``update`` is prefixed, except its inputs listed in ``connect``
-    (input name to the tensor of ``model`` that feeds it). Its other inputs
-    become inputs of ``model`` and its outputs outputs of ``model``.
-
-    Parameters
-    ----------
-    model : onnx.ModelProto
-        The gradient graph; modified.
-    update : onnx.ModelProto
-        The optimizer's update graph.
-    connect : dict of str to str
-        Which tensors of ``model`` its inputs are.
-    prefix : str, default="update/"
-        Prefix of the other names.
-
-    Returns
-    -------
-    dict of str to str
-        The new name of each input and output of ``update`` that was not connected.
-    """
-
-    def name(old: str) -> str:
-        if not old:
-            return old
-        return connect.get(old, prefix + old)
-
-    graph = model.graph
-    for node in update.graph.node:
-        copy = onnx.NodeProto()
-        copy.CopyFrom(node)
-        copy.name = prefix + (node.name or node.output[0])
-        copy.input[:] = [name(n) for n in node.input]
-        copy.output[:] = [name(n) for n in node.output]
-        graph.node.append(copy)
-    for init in update.graph.initializer:
-        copy = onnx.TensorProto()
-        copy.CopyFrom(init)
-        copy.name = name(init.name)
-        graph.initializer.append(copy)
-    renamed = {}
-    for info in update.graph.input:
-        if info.name in connect:
-            continue
-        copy = onnx.ValueInfoProto()
-        copy.CopyFrom(info)
-        copy.name = renamed[info.name] = name(info.name)
-        graph.input.append(copy)
-    for info in update.graph.output:
-        copy = onnx.ValueInfoProto()
-        copy.CopyFrom(info)
-        copy.name = renamed[info.name] = name(info.name)
-        graph.output.append(copy)
-    return renamed
 
 
 def rewrite_sigmoid_adjoints(model: onnx.ModelProto) -> int:
