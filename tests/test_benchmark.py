@@ -5,14 +5,13 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 
+import _benchmark_runs
 import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "benchmarks", "bench.py")
 WORKLOADS = ("mlp_reg_b256", "mlp_reg_b32", "mlp_clf_b64", "linear_b1024")
 FITS = ("fit_diabetes_nesterov", "fit_5k_adam", "fit_diabetes_nesterov_f64", "fit_5k_adam_f64")
 BACKENDS = ("agent", "standard")
@@ -29,17 +28,10 @@ def _have_agent():
 
 
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory):
-    """Run ``bench.py --quick`` once; return its output folder and completed process."""
-    out = tmp_path_factory.mktemp("bench")
-    proc = subprocess.run(
-        [sys.executable, SCRIPT, "--quick", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
-    return out, proc
+def quick_run():
+    """``bench.py --quick`` (run in the background: tests/_benchmark_runs.py); its output
+    folder and completed process."""
+    return _benchmark_runs.result("quick_run")
 
 
 @pytest.fixture(scope="module")
@@ -285,22 +277,14 @@ def test_floor_epoch_visits_the_shuffled_batches(workloads, monkeypatch):
 # benchmarks/cold_start.py: first model, second fit, GridSearchCV in new processes
 # ---------------------------------------------------------------------------
 
-COLD_START = os.path.join(ROOT, "benchmarks", "cold_start.py")
 COLD_PARTS = ("defaults", "nesterov", "grid_1", "grid_2")
 HEAVY_MODULES = {"torch", "onnxruntime", "onnxruntime.training", "onnx", "skl2onnx", "onnx_ad"}
 
 
 @pytest.fixture(scope="module")
-def cold_start(tmp_path_factory):
-    """Run ``cold_start.py --quick`` (this interpreter only); return its JSON and process."""
-    out = tmp_path_factory.mktemp("cold_start")
-    proc = subprocess.run(
-        [sys.executable, COLD_START, "--quick", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
+def cold_start():
+    """``cold_start.py --quick`` (this interpreter only); its JSON and process."""
+    out, proc = _benchmark_runs.result("cold_start")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with open(out / "cold_start.json") as f:
         return json.load(f), proc
@@ -363,29 +347,19 @@ def test_cold_start_targets(cold_start):
 # benchmarks/dask_cluster.py: issue 31's figures, a LocalCluster against one process
 # ---------------------------------------------------------------------------
 
-DASK_CLUSTER = os.path.join(ROOT, "benchmarks", "dask_cluster.py")
 DASK_PARTS = ("memory", "round", "lbfgs", "minibatch")
 DASK_COLUMNS = ("cluster", "process", "process_1_thread", "dask_ml")
 
 
 @pytest.fixture(scope="module")
 def dask_cluster():
-    """Run ``dask_cluster.py --quick`` once (about 20 s); return its JSON and process."""
-    for module in ("distributed", "dask_ml", "dask_glm", "psutil"):
+    """``dask_cluster.py --quick`` (about 20 s); its JSON and process."""
+    for module in _benchmark_runs.RUNS["dask_cluster"].needs:
         pytest.importorskip(module)
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as out:
-        proc = subprocess.run(
-            [sys.executable, DASK_CLUSTER, "--quick", "--out", out],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            cwd=ROOT,
-        )
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        with open(os.path.join(out, "dask_cluster.json")) as f:
-            return json.load(f), proc
+    out, proc = _benchmark_runs.result("dask_cluster")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(out / "dask_cluster.json") as f:
+        return json.load(f), proc
 
 
 def test_dask_cluster_meta(dask_cluster):
@@ -445,20 +419,11 @@ def test_dask_cluster_targets(dask_cluster):
 # benchmarks/callbacks.py: what scikit-learn's callbacks add, beside scikit-learn
 # ---------------------------------------------------------------------------
 
-CALLBACKS = os.path.join(ROOT, "benchmarks", "callbacks.py")
-
 
 @pytest.fixture(scope="module")
-def callbacks_run(tmp_path_factory):
+def callbacks_run():
     pytest.importorskip("sklearn.callback", reason="scikit-learn < 1.9: no callback API")
-    out = tmp_path_factory.mktemp("callbacks")
-    proc = subprocess.run(
-        [sys.executable, CALLBACKS, "--quick", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
+    out, proc = _benchmark_runs.result("callbacks_run")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with open(out / "callbacks.json") as f:
         return json.load(f)
