@@ -145,10 +145,11 @@ def shallow_state(estimator, optimizer_state=True) -> dict:
     What pickling keeps, without serialising the ONNX models or making sessions
     again: the training engine is left out (its optimizer state kept as arrays
     when ``optimizer_state``), and so is scikit-learn's callback context. What a
-    fit changes in place is copied: the lists and random state of the loops, the
-    converted template (whose model a fit replaces) and ``estimator_`` (whose
-    weights it replaces; its arrays are shared, never written into). The ONNX
-    models and the predict sessions are shared: a fit replaces them.
+    fit changes in place is copied: the lists of the loops, the converted template
+    (whose model a fit replaces) and ``estimator_`` (whose weights it replaces; its
+    arrays are shared, never written into). The ONNX models and the predict
+    sessions are shared: a fit replaces them. So is the random state: a fit draws
+    from a copy of its own (``Fit._rng``), never from one an estimator holds.
     """
     from .templates import _copy_sharing_arrays
 
@@ -167,10 +168,6 @@ def shallow_state(estimator, optimizer_state=True) -> dict:
         state["estimator_"] = _copy_sharing_arrays(state["estimator_"])
     if "_schedule" in state:  # a few floats
         state["_schedule"] = copy.copy(state["_schedule"])
-    if isinstance(state.get("_random_state"), np.random.RandomState):
-        random_state = np.random.RandomState()
-        random_state.set_state(state["_random_state"].get_state())
-        state["_random_state"] = random_state
     return state
 
 

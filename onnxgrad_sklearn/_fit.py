@@ -202,7 +202,7 @@ class Fit:
         """
         engine, task, incremental = self.engine, self.task, self.incremental
         if engine.has_masks:  # dropout masks drawn from the fit's random state alone
-            engine.seed_masks(int(self._random_state.randint(np.iinfo(np.int32).max)))
+            engine.seed_masks(int(self._rng().randint(np.iinfo(np.int32).max)))
         self.rows.start_epochs(self, self.loss, engine)  # where the rows are: its set-up
         early_stopping = self.early_stopping and not incremental
         # a callback may ask for a held-out split of its own (EarlyStopping)
@@ -238,7 +238,7 @@ class Fit:
         try:
             for _ in range(max_iter - (0 if incremental else self.n_iter_)):
                 if self.shuffle:  # each epoch permutes the last one's order, as MLPRegressor
-                    sample_idx = shuffled(sample_idx, self._random_state)
+                    sample_idx = shuffled(sample_idx, self._rng())
                 if state is not None:
                     state.order = sample_idx
                 order = sample_idx if self.shuffle else None
@@ -292,7 +292,7 @@ class Fit:
             # are set below)
             setattr(self, name, saved[name])
         self._schedule.learning_rate = saved["learning_rate"]
-        self._random_state.set_state(saved["random_state"])
+        self._rng().set_state(saved["random_state"])
         logger.info("Loaded the fit that ended at epoch %d.", self.n_iter_)
 
     def _resume(self, saved, n_samples, best_weights):
@@ -311,13 +311,23 @@ class Fit:
         for name in ("best_loss_", "validation_scores_", "best_validation_score_"):
             setattr(self, name, saved[name])
         self._schedule.learning_rate = saved["learning_rate"]
-        self._random_state.set_state(saved["random_state"])
+        self._rng().set_state(saved["random_state"])
         if saved["best_weights"] is not None:
             best_weights = saved["best_weights"]
         if saved.get("best_statistics"):  # BatchNormalization's, of the best epoch
             self._best_statistics = saved["best_statistics"]
         logger.info("Going on from the checkpoint of epoch %d.", self.n_iter_)
         return order, best_weights
+
+    def _rng(self) -> np.random.RandomState:
+        """The fit's random state, to draw from or set. The callbacks may hold the one
+        they were shown (a ``fitted_estimator`` shares it: ``_callbacks.shallow_state``):
+        with callbacks, the fit then draws from a copy of its own, which leaves theirs
+        as it was shown (with a ``RandomState`` copy of 100-200 us an epoch, not at
+        every copy of the estimator)."""
+        if self.task is not NO_TASK:
+            self._random_state = _own(self._random_state)
+        return self._random_state
 
     def _split_validation(self, held_out):
         """Return the training rows, the validation set and the indices of the held-out
@@ -327,6 +337,7 @@ class Fit:
         if self.validation is not None or not held_out:
             return self.rows, self.validation, None
         labels = self.stratify(self.rows.y)  # the classes of a binary classifier, or None
+        self._rng()  # the split draws from fit._random_state
         return self.rows.split(self, self.validation_fraction, labels)
 
     def _run_interruptible_epoch(self, train, order, best_weights):

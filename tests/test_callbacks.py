@@ -172,6 +172,54 @@ def test_a_classifiers_fitted_estimator_makes_only_the_session_it_predicts_with(
     assert clf._session is not None and clf._logit_session is not None
 
 
+class KeepWithRandomState(Keep):
+    """Keeps each ``fitted_estimator`` and its random state's state as it was given."""
+
+    def on_fit_task_end(self, estimator, context, *, fitted_estimator=None):
+        if context.parent is not None and fitted_estimator is not None:  # not an empty task
+            super().on_fit_task_end(estimator, context, fitted_estimator=fitted_estimator)
+            self.scores.append(fitted_estimator._random_state.get_state())
+
+
+def _same_state(a, b):
+    return a[0] == b[0] and np.array_equal(a[1], b[1]) and a[2:] == b[2:]
+
+
+def test_fitted_estimators_keep_the_random_state_they_were_given():
+    """A fitted_estimator shares the fit's random state rather than copying it; the fit
+    draws from a copy of its own afterwards. So each snapshot keeps the state of its
+    epoch while the fit shuffles on (and after), and the fit's weights are those of a
+    fit without callbacks."""
+    X, y = _regression()
+    keep = KeepWithRandomState()
+    reg = _mlp("standard", max_iter=4, shuffle=True).set_callbacks(keep).fit(X, y)
+    alone = _mlp("standard", max_iter=4, shuffle=True).fit(X, y)
+    np.testing.assert_array_equal(reg.predict(X), alone.predict(X))
+    states = [f._random_state.get_state() for f in keep.fitted]
+    assert all(_same_state(a, b) for a, b in zip(states, keep.scores))
+    assert not _same_state(states[1], states[2])  # each epoch's shuffle drew from it
+    # a snapshot trained further draws from a copy of its own
+    third = keep.fitted[2]
+    third.set_callbacks()
+    third.partial_fit(X, y)
+    assert not _same_state(third._random_state.get_state(), keep.scores[2])
+    others = [(f, k) for i, (f, k) in enumerate(zip(keep.fitted, keep.scores)) if i != 2]
+    assert all(_same_state(f._random_state.get_state(), k) for f, k in others)
+    # after L-BFGS, the snapshots and the estimator hold one random state: a warm fit
+    # with shuffles leaves the snapshots' as it was
+    Xc, yc = _classification()
+    keep = KeepWithRandomState()
+    clf = _logistic("standard", max_iter=3).set_callbacks(keep).fit(Xc, yc)
+    clf.set_callbacks()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        clf.set_params(optimizer="sgd", max_iter=2, warm_start=True).fit(Xc, yc)
+    assert not _same_state(clf._random_state.get_state(), keep.scores[-1])
+    assert all(
+        _same_state(f._random_state.get_state(), k) for f, k in zip(keep.fitted, keep.scores)
+    )
+
+
 def test_copy_of_a_fitted_estimator_is_independent():
     X, y = _regression()
     reg = _mlp("standard", optimizer="adam").fit(X, y)
