@@ -227,7 +227,7 @@ def new_session(est, model):
             stacklevel=4,
         )
         providers, provider_options = ["CPUExecutionProvider"], [{}]
-    options = session_options(intra_op_threads(getattr(est, "n_jobs", None)))
+    options = session_options(intra_op_threads(getattr(est, "n_jobs", None)), spinning=False)
     if isinstance(model, ConvertedTemplate):  # options of its own: it adds initializers
         return model.session(options, providers, provider_options)
     return make_session(
@@ -257,32 +257,59 @@ class FedSession:
         Threads of the session (``intra_op_num_threads``).
     """
 
+    #: ``(id of a skeleton, threads)`` -> ``(skeleton, key, weights)``: the pool's key
+    #: of the copies of one fit (which share their skeleton), worked out once.
+    _keys: dict = {}
+
     def __init__(self, converted: ConvertedTemplate, threads: int):
         self._converted, self._threads = converted, threads
         self._session = self._feeds = None
 
+    def _key(self):
+        conv = self._converted
+        found = FedSession._keys.get((id(conv.skeleton), self._threads))
+        if found is not None and found[0] is conv.skeleton:
+            return found[1:]
+        import hashlib
+
+        options = session_options(self._threads, spinning=False)
+        digest = hashlib.sha256(conv.skeleton).hexdigest()
+        names = tuple(conv.initializer_names)
+        key = ("fed", digest, names, options_key(options, ["CPUExecutionProvider"]))
+        weights = sum(int(np.prod(d)) for d in conv.dims)
+        if len(FedSession._keys) >= 16:  # the last fits' only
+            FedSession._keys.clear()
+        FedSession._keys[(id(conv.skeleton), self._threads)] = (conv.skeleton, key, weights)
+        return key, weights
+
     def _made(self):
         if self._session is None:
-            import hashlib
-
             conv = self._converted
-            options = session_options(self._threads)
-            providers = ["CPUExecutionProvider"]
-            digest = hashlib.sha256(conv.skeleton).hexdigest()
-            key = ("fed", digest, tuple(conv.initializer_names), options_key(options, providers))
 
             def make():
                 from ._passes import initializers_as_inputs
 
                 graph = initializers_as_inputs(conv.with_values(None), conv.initializer_names)
-                return make_session(graph.SerializeToString(), options, providers, strict=False)
+                options = session_options(self._threads, spinning=False)
+                return make_session(
+                    graph.SerializeToString(), options, ["CPUExecutionProvider"], strict=False
+                )
 
-            weights = sum(int(np.prod(d)) for d in conv.dims)
+            key, weights = self._key()
             self._session = SESSIONS.shared(key, make, weights)
             self._feeds = {
                 n: np.ascontiguousarray(v) for n, v in zip(conv.initializer_names, conv.values)
             }
         return self._session
+
+    @property
+    def _onnxgrad_io(self):
+        """The names ``_data.run_by_chunks`` reads: those of the process's session."""
+        return getattr(self._made(), "_onnxgrad_io", None)
+
+    @_onnxgrad_io.setter
+    def _onnxgrad_io(self, names):
+        self._made()._onnxgrad_io = names
 
     def run(self, output_names, input_feed, run_options=None):
         """``InferenceSession.run`` with the parameters' values added to ``input_feed``."""

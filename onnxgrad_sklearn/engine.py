@@ -384,9 +384,10 @@ def weights_as_inputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.Mode
     return initializers_as_inputs(model, names)
 
 
-def session_options(threads: int = 0) -> onnxruntime.SessionOptions:
-    """Session options of the package's sessions (``threads=0``: the runtime's default)."""
-    return runtime.session_options(threads)
+def session_options(threads: int = 0, spinning: bool = True) -> onnxruntime.SessionOptions:
+    """Session options of the package's sessions (``threads=0``: the runtime's default;
+    :func:`onnxgrad_sklearn.runtime.session_options`)."""
+    return runtime.session_options(threads, spinning)
 
 
 class TrainingEngine:
@@ -527,6 +528,7 @@ class TrainingEngine:
             device=device,
             options=session_options(threads),
             update_options=session_options(threads=1),
+            inference_options=session_options(threads, spinning=False),
             constants=coefficients,
         )
         if self.backend == "standard":

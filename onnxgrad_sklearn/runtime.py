@@ -92,22 +92,40 @@ def __getattr__(name):
 SESSION_OPTIONS_HOOKS: list = []
 
 
-def session_options(threads: int = 0) -> onnxruntime.SessionOptions:
+#: The session option that lets the intra-op threads wait for work by spinning.
+SPINNING = "session.intra_op.allow_spinning"
+
+
+def session_options(threads: int = 0, spinning: bool = True) -> onnxruntime.SessionOptions:
     """Session options of the package's sessions (``threads=0``: the runtime's default).
 
-    The callables of :data:`SESSION_OPTIONS_HOOKS` are applied last.
+    ``spinning=False``: the session's threads sleep when a run ends instead of spinning
+    for the next one. The training step's sessions spin (their runs follow each other);
+    the others (inference, a validation set's predictions, the loss alone) do not:
+    their threads, spinning after a run, took the cores from what came next, the
+    training or another session (a fit of LogisticRegression on iris 21 -> 8 ms, a
+    10-row predict 145 -> 96 us on 2 cores; docs/performance.md, "Threads"). The
+    callables of :data:`SESSION_OPTIONS_HOOKS` are applied last.
     """
     so = import_onnxruntime().SessionOptions()
     so.log_severity_level = 3
     if threads:
         so.intra_op_num_threads = threads
-    if threads != 1 and _in_joblib_worker_process():
+    if not spinning or (threads != 1 and _in_joblib_worker_process()):
         # beside its sibling workers on the same cores, the runtime's threads sleep
         # between kernels instead of spinning (docs/performance.md, "Threads")
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so.add_session_config_entry(SPINNING, "0")
     for hook in SESSION_OPTIONS_HOOKS:
         hook(so, threads)
     return so
+
+
+def spins(options) -> bool:
+    """Whether the threads of a session made with ``options`` spin between runs."""
+    try:
+        return options.get_session_config_entry(SPINNING) != "0"
+    except Exception:  # not set: the runtime's default, spinning
+        return True
 
 
 #: Intra-op threads of a session when ``n_jobs=None`` and nothing limits the
@@ -372,7 +390,7 @@ def options_key(options, providers: Sequence[str], provider_options=None, **kwar
     """What makes two sessions of one graph alike: their options, providers and extras.
 
     The readable settings of ``options`` (threads, memory pattern and arena,
-    optimization level, execution mode) and the :data:`SESSION_OPTIONS_HOOKS` that
+    optimization level, execution mode, spinning) and the :data:`SESSION_OPTIONS_HOOKS` that
     changed them (by identity), the providers, their options and ``kwargs``
     (``disabled_optimizers``), as a hashable tuple.
     """
@@ -386,7 +404,7 @@ def options_key(options, providers: Sequence[str], provider_options=None, **kwar
             "graph_optimization_level",
             "execution_mode",
         )
-    )
+    ) + (spins(options),)
     extras = tuple(sorted((k, repr(v)) for k, v in kwargs.items()))
     given = tuple(tuple(sorted(o.items())) for o in provider_options or ())
     return settings, tuple(map(id, SESSION_OPTIONS_HOOKS)), tuple(providers), given, extras

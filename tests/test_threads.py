@@ -163,3 +163,58 @@ def test_changing_n_jobs_rebuilds_the_engine_with_the_new_threads():
     assert reg._engine is not first
     assert reg._intra_op_threads == 2
     assert reg._engine._backend.options.intra_op_num_threads == 2
+
+
+# Records, for every InferenceSession an estimator makes, whether its threads spin and
+# which graph it runs (its inputs' names), then prints them as JSON.
+SPINS = """
+import json, warnings
+import numpy as np
+import onnxruntime
+from onnxgrad_sklearn.runtime import spins
+
+made = []
+original = onnxruntime.InferenceSession.__init__
+
+def recording(self, *args, sess_options=None, **kwargs):
+    original(self, *args, sess_options=sess_options, **kwargs)
+    made.append([spins(sess_options), [i.name for i in self.get_inputs()]])
+
+onnxruntime.InferenceSession.__init__ = recording
+
+from sklearn.neural_network import MLPRegressor
+from onnxgrad_sklearn import OrtGradientRegressor
+
+rng = np.random.RandomState(0)
+X = rng.rand(60, 3).astype(np.float32)
+y = X.sum(axis=1)
+warnings.simplefilter("ignore")
+result = {}
+for backend in ("agent", "standard"):
+    made.clear()
+    reg = OrtGradientRegressor(MLPRegressor(hidden_layer_sizes=(4,)), max_iter=2, n_jobs=2,
+                               early_stopping=True, validation_fraction=0.3, backend=backend)
+    reg.fit(X, y)
+    reg.predict(X)
+    result[backend] = list(made)
+print(json.dumps(result))
+"""
+
+
+@pytest.mark.skipif(cpu_count() < 2, reason="needs 2 CPUs for threads that could spin")
+def test_only_the_training_sessions_spin():
+    """The training step's sessions spin between their runs; the sessions that run now
+    and then (the validation set's predictions, the estimator's predict) sleep: spinning
+    after a run, their threads took the cores from the training and from the next fit."""
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(SPINS)], capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    for backend, made in json.loads(out.stdout.strip().splitlines()[-1]).items():
+        # the step: forward, backward and the update (its inputs: update/learning_rate...)
+        step = [spin for spin, inputs in made if any(n.startswith("update/") for n in inputs)]
+        others = [spin for spin, inputs in made if not any(n.startswith("update/") for n in inputs)]
+        assert step and all(step), (backend, made)
+        # the validation set's predictions (and the loss alone), the trained graph's and
+        # the exported's
+        assert len(others) >= 2 and not any(others), (backend, made)

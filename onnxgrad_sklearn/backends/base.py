@@ -105,6 +105,10 @@ class Backend:
         Options of the training sessions.
     update_options : onnxruntime.SessionOptions
         Options of a separate update session (one thread), where there is one.
+    inference_options : onnxruntime.SessionOptions
+        Options of the sessions that run now and then during a fit (predictions of a
+        validation set, the loss alone): the training sessions' threads, not spinning
+        (:func:`~onnxgrad_sklearn.runtime.session_options`).
     constants : dict of str to float, optional
         Inputs of the training graph that keep their value for the whole fit (the
         penalty's coefficients), by name.
@@ -137,6 +141,7 @@ class Backend:
         options=None,
         update_options=None,
         constants=None,
+        inference_options=None,
     ):
         self.output_name = output_name
         self.weight_names = list(weight_names)
@@ -148,6 +153,9 @@ class Backend:
         _, self.provider_options = session_providers(device)
         self.options = session_options() if options is None else options
         self.update_options = session_options(1) if update_options is None else update_options
+        if inference_options is None:
+            inference_options = session_options(self.options.intra_op_num_threads, spinning=False)
+        self.inference_options = inference_options
         self.step = 0
         self._predict = None
         #: The training dtype (float32 or float64): that of the weights.
@@ -309,7 +317,7 @@ class Backend:
     def predict(self, X) -> np.ndarray:
         """Return the model's predictions for ``X`` with the current weights."""
         if self._predict is None:
-            self._predict = self.session("predict.onnx")
+            self._predict = self.session("predict.onnx", options=self.inference_options)
         names = [i.name for i in self._predict.get_inputs()]
         X = input_array(X, self.dtype)
         feeds = [self._feed(X)] + list(self.weights)

@@ -647,12 +647,14 @@ class StandardBackend(Backend):
         self._buffers.write(0, arrays)
 
     # sessions --------------------------------------------------------------
-    def _session(self, blob, digest=None) -> onnxruntime.InferenceSession:
-        """The session of ``blob`` (a name in the plan, or bytes and their digest)."""
+    def _session(self, blob, digest=None, inference=False) -> onnxruntime.InferenceSession:
+        """The session of ``blob`` (a name in the plan, or bytes and their digest);
+        ``inference``: one that runs now and then (its threads do not spin)."""
         # onnxruntime fuses Transpose + MatMul into com.microsoft.FusedMatMul, whose
         # CPU kernel is float32 only: a double graph would fail to load.
         disabled = DOUBLE_DISABLED_OPTIMIZERS if self.dtype == np.float64 else None
-        return self.session(blob, digest, disabled_optimizers=disabled)
+        options = self.inference_options if inference else None
+        return self.session(blob, digest, options=options, disabled_optimizers=disabled)
 
     def _artifact(self, kind: str, batch: int, targets: int, build):
         """The graph ``kind`` (``"step"``, ``"gradients"``) of a batch shape, with its
@@ -917,7 +919,7 @@ class StandardBackend(Backend):
 
     def loss(self, X, y, sample_weight):
         if self._forward is None:
-            self._forward = self._session("training.onnx")
+            self._forward = self._session("training.onnx", inference=True)
         arrays = dict(zip(self.input_names, self._feeds(X, y, sample_weight)))
         return float(self._run_once(self._forward, arrays, [LOSS])[0])
 
@@ -931,7 +933,7 @@ class StandardBackend(Backend):
 
     def predict(self, X) -> np.ndarray:
         if self._predict is None:
-            self._predict = self._session("predict.onnx")  # the weights are its inputs
+            self._predict = self._session("predict.onnx", inference=True)  # weights as inputs
         weights = set(self.weight_names)
         names = [i.name for i in self._predict.get_inputs() if i.name not in weights]
         X = input_array(X, self.dtype)
