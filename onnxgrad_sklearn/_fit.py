@@ -270,18 +270,24 @@ class Fit:
             task.conceal()
             if bar is not None:
                 bar.close()
+        self._end_epochs(reached_max_iter, best_weights if early_stopping else None, state)
+
+    def _end_epochs(self, reached_max_iter, best_weights, state):
+        """After the epochs: MLPRegressor's warning at ``max_iter``, then the weights
+        the fit ends with: early stopping's ``best_weights`` (None: the last epoch's),
+        unless a callback chose others (``state.final_weights``)."""
         if reached_max_iter:  # after the bar is closed, not in the middle of it
             warnings.warn(
                 f"Stochastic Optimizer: Maximum iterations ({self.max_iter}) "
                 "reached and the optimization hasn't converged yet.",
                 ConvergenceWarning,
-                stacklevel=4,
+                stacklevel=5,
             )
-        if early_stopping:
-            engine.set_weights(best_weights)
-            engine.set_statistics(self._best_statistics)
+        if best_weights is not None:
+            self.engine.set_weights(best_weights)
+            self.engine.set_statistics(self._best_statistics)
         if state is not None and state.final_weights is not None:  # a callback's choice
-            engine.set_weights(state.final_weights)
+            self.engine.set_weights(state.final_weights)
 
     def _load(self, saved):
         """Set the fit's state to ``saved``, a fit of the same parameters and data that

@@ -593,6 +593,25 @@ def _remove_unread(model: onnx.ModelProto, names) -> None:
         graph.initializer.remove(init)
 
 
+def _rows_input(names, shapes, first) -> list:
+    """The declaration of the rows' weights (:data:`SAMPLE_WEIGHT`, ``(batch,)`` in the
+    type of the input of ``first``, a BatchNormalization) the rewrite adds, or none when
+    the model declares them."""
+    rows = SAMPLE_WEIGHT
+    if rows in names.inputs:
+        return []
+    if rows in names.used:
+        raise ValueError(
+            f"The model has a tensor named {rows!r} that is not a graph input: the "
+            "BatchNormalization rewrite needs that name for the rows' weights."
+        )
+    x = first.input[0]
+    elem_type = _float_type(shapes.get(x, (0, None))[0], first, f"input {x!r}")
+    names.used.add(rows)
+    shapes[rows] = (elem_type, [BATCH])
+    return [helper.make_tensor_value_info(rows, elem_type, [BATCH])]
+
+
 def training_mode(model: onnx.ModelProto) -> TrainingMode:
     """Rewrite Dropout and BatchNormalization in training mode into differentiable operators.
 
@@ -650,23 +669,8 @@ def training_mode(model: onnx.ModelProto) -> TrainingMode:
     opset = _check_versions(model, [names.nodes[i] for i in [*dropouts, *batchnorms]])
     shapes = _inferred(model)
 
-    rows = None
-    rows_input = []
-    if batchnorms:
-        rows = SAMPLE_WEIGHT
-        if rows not in names.inputs:
-            if rows in names.used:
-                raise ValueError(
-                    f"The model has a tensor named {rows!r} that is not a graph input: the "
-                    "BatchNormalization rewrite needs that name for the rows' weights."
-                )
-            first = names.nodes[batchnorms[0]]
-            x = first.input[0]
-            elem_type = _float_type(shapes.get(x, (0, None))[0], first, f"input {x!r}")
-            rows_input.append(helper.make_tensor_value_info(rows, elem_type, [BATCH]))
-            names.used.add(rows)
-            shapes[rows] = (elem_type, [BATCH])
-
+    rows = SAMPLE_WEIGHT if batchnorms else None
+    rows_input = _rows_input(names, shapes, names.nodes[batchnorms[0]]) if batchnorms else []
     replaced, masks, mask_inputs, statistics, stat_outputs, initializers = {}, [], [], [], [], []
     dropped = set()
     claimed = {}
