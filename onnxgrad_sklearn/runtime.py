@@ -99,13 +99,13 @@ SPINNING = "session.intra_op.allow_spinning"
 def session_options(threads: int = 0, spinning: bool = True) -> onnxruntime.SessionOptions:
     """Session options of the package's sessions (``threads=0``: the runtime's default).
 
-    ``spinning=False``: the session's threads sleep when a run ends instead of spinning
-    for the next one. The training step's sessions spin (their runs follow each other);
-    the others (inference, a validation set's predictions, the loss alone) do not:
-    their threads, spinning after a run, took the cores from what came next, the
-    training or another session (a fit of LogisticRegression on iris 21 -> 8 ms, a
-    10-row predict 145 -> 96 us on 2 cores; docs/performance.md, "Threads"). The
-    callables of :data:`SESSION_OPTIONS_HOOKS` are applied last.
+    ``spinning=False``: the session's threads sleep when they wait for work instead of
+    spinning. The training step's sessions spin (their runs follow each other); the
+    others (inference, a validation set's predictions, the loss alone) do not: their
+    threads, spinning after a run (or after the session was made), took the cores from
+    what came next, the training or another session (a fit of LogisticRegression on
+    iris 17-20 -> 10 ms, a 10-row predict 190 -> 105 us on 2 cores; docs/performance.md,
+    "Threads"). The callables of :data:`SESSION_OPTIONS_HOOKS` are applied last.
     """
     so = import_onnxruntime().SessionOptions()
     so.log_severity_level = 3
@@ -121,7 +121,7 @@ def session_options(threads: int = 0, spinning: bool = True) -> onnxruntime.Sess
 
 
 def spins(options) -> bool:
-    """Whether the threads of a session made with ``options`` spin between runs."""
+    """Whether the threads of a session made with ``options`` spin while they wait."""
     try:
         return options.get_session_config_entry(SPINNING) != "0"
     except Exception:  # not set: the runtime's default, spinning
