@@ -3,9 +3,10 @@
 A scikit-learn template's graph takes 2-D float rows (dense or sparse; a DataFrame's
 columns through the template's head); an ONNX template's graph takes its input's rank
 and element type, after the steps of a Pipeline in front of it, which scikit-learn
-runs. The fit, its validation set and the predictions reach the graph through the
-object :func:`template_input` gives for the template: nothing else in the package tests
-which kind of template it has.
+runs. The fit, its validation set, the predictions and a dask cluster's placement
+reach the graph through the object :func:`template_input` gives for the template:
+nothing else in the library tests which kind of template it has (the command line
+does, for the flags it takes with an ONNX model).
 """
 
 from __future__ import annotations
@@ -51,6 +52,11 @@ class TemplateInput:
 
     def export_warning(self, template) -> str | None:
         """What the exported graph does not take of ``template`` (None: all of it)."""
+        return None
+
+    def cluster_refusal(self) -> str | None:
+        """Why a dask collection's rows train where their batches are rather than on
+        the cluster's workers (None: they train on the workers)."""
         return None
 
 
@@ -123,6 +129,9 @@ class OnnxInput(TemplateInput):
             f"the Pipeline's steps in front of it {steps}, which predict runs in "
             "scikit-learn. Apply them before feeding the exported model."
         )
+
+    def cluster_refusal(self):
+        return "the template is an ONNX model (OnnxTemplate), trained where its batches are"
 
     @staticmethod
     def _head_output(est, template, X, y, first_call):

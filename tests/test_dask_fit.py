@@ -110,6 +110,33 @@ def test_import_does_not_import_dask():
     assert out.stdout.strip() == "[]"
 
 
+def test_an_onnx_template_trains_where_its_batches_are(client, caplog):
+    """An ONNX template's rows are not placed on the workers (its input interface says
+    why): the collections are computed into memory, the fit is the one in memory."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from onnxgrad_sklearn import OnnxTemplate, OrtGradientRegressor
+
+    W = numpy_helper.from_array(np.full((4, 1), 0.1, np.float32), "W")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["y"])],
+        "linear",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 1])],
+        [W],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    rng = np.random.RandomState(0)
+    X = rng.rand(400, 4).astype(np.float32)
+    y = X @ np.array([1.0, -1.0, 0.5, 2.0], np.float32)
+    Xd, yd = da.from_array(X, chunks=100), da.from_array(y, chunks=100)
+    with caplog.at_level(logging.INFO, logger="onnxgrad_sklearn"):
+        got = OrtGradientRegressor(OnnxTemplate(model), max_iter=3, random_state=0).fit(Xd, yd)
+    assert "the template is an ONNX model" in caplog.text
+    expected = OrtGradientRegressor(OnnxTemplate(model), max_iter=3, random_state=0).fit(X, y)
+    np.testing.assert_array_equal(got.predict(X), expected.predict(X))
+
+
 def test_no_client_computes_into_memory(caplog):
     if dask_client._get_client() is not None:
         pytest.skip("a distributed client of another test is running")

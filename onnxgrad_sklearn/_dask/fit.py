@@ -100,12 +100,12 @@ def _why_local(est, client, X, y, incremental):
     if not optimizer.full_batch and not getattr(est.loss, "rowwise", True):
         return f"the loss {type(est.loss).__name__} mixes the rows of a batch"
     from .._frames import needs_raw_columns
-    from ..families import family_of
-    from ..templates import final_estimator
+    from .._inputs import template_input
 
     template = est._template()
-    if family_of(final_estimator(template)).kind == "onnx":
-        return "the template is an ONNX model (OnnxTemplate), trained where its batches are"
+    refusal = template_input(template).cluster_refusal()
+    if refusal is not None:
+        return refusal
     kind = _kind(X)
     if kind == "frame" and not _numeric_frame(X) and not needs_raw_columns(template, X._meta):
         return "X has non-numeric columns"
