@@ -292,13 +292,7 @@ class Fit:
     def _load(self, saved):
         """Set the fit's state to ``saved``, a fit of the same parameters and data that
         ended (a ``Checkpoint`` folder's file): the fit trains no epoch."""
-        self.engine.set_weights(saved["weights"])
-        self.engine.set_state(saved["optimizer_state"])
-        for name in PROGRESS[:-2]:  # the counters and curves (the schedule and random state
-            # are set below)
-            setattr(self, name, saved[name])
-        self._schedule.learning_rate = saved["learning_rate"]
-        self._rng().set_state(saved["random_state"])
+        self._restore(saved)
         logger.info("Loaded the fit that ended at epoch %d.", self.n_iter_)
 
     def _resume(self, saved, n_samples, best_weights):
@@ -310,20 +304,23 @@ class Fit:
                 f"The checkpoint's row order has {order.shape[0]} rows, the fit trains "
                 f"on {n_samples}."
             )
-        self.engine.set_weights(saved["weights"])
-        self.engine.set_state(saved["optimizer_state"])
-        for name in ("n_iter_", "t_", "loss_", "loss_curve_", "_no_improvement_count"):
-            setattr(self, name, saved[name])
-        for name in ("best_loss_", "validation_scores_", "best_validation_score_"):
-            setattr(self, name, saved[name])
-        self._schedule.learning_rate = saved["learning_rate"]
-        self._rng().set_state(saved["random_state"])
+        self._restore(saved)
         if saved["best_weights"] is not None:
             best_weights = saved["best_weights"]
         if saved.get("best_statistics"):  # BatchNormalization's, of the best epoch
             self._best_statistics = saved["best_statistics"]
         logger.info("Going on from the checkpoint of epoch %d.", self.n_iter_)
         return order, best_weights
+
+    def _restore(self, saved):
+        """Set the weights, the optimizer state, the counters and curves, the learning
+        rate and the random state to those ``saved`` holds."""
+        self.engine.set_weights(saved["weights"])
+        self.engine.set_state(saved["optimizer_state"])
+        for name in PROGRESS[:-2]:  # all but the schedule and the random state
+            setattr(self, name, saved[name])
+        self._schedule.learning_rate = saved["learning_rate"]
+        self._rng().set_state(saved["random_state"])
 
     def _rng(self) -> np.random.RandomState:
         """The fit's random state, to draw from or set. The callbacks may hold the one
