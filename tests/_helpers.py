@@ -128,3 +128,26 @@ class PausedFit(QuietCallback):
         finally:
             self.go.touch()
             thread.join()
+
+
+#: The command-line tests' features and classes.
+CLI_FEATURES = ["a", "b", "c", "d"]
+CLI_CLASSES = ["cat", "dog", "fish"]
+
+
+def write_cli_tables(folder, offset=0.0):
+    """Write the command-line tests' tables into ``folder``: ``reg.csv`` (features and
+    a linear ``price``, plus ``offset``) and ``cls.csv`` (features and the ``kind`` of
+    the largest of the first three). Return the features, the price table and the
+    random state that made them (for more tables)."""
+    import pandas as pd
+
+    rng = np.random.RandomState(0)
+    X = rng.randn(200, 4)
+    frame = pd.DataFrame(X, columns=CLI_FEATURES)
+    frame["price"] = X @ np.array([1.5, -2.0, 0.5, 1.0]) + offset + 0.1 * rng.randn(200)
+    frame.to_csv(folder / "reg.csv", index=False)
+    kinds = pd.DataFrame(X, columns=CLI_FEATURES)
+    kinds["kind"] = np.array(CLI_CLASSES)[X[:, :3].argmax(axis=1)]
+    kinds.to_csv(folder / "cls.csv", index=False)
+    return X, frame, rng

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime
 import pytest
+from _helpers import CLI_FEATURES, write_cli_tables
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import mean_absolute_error, r2_score
 from sklearn.neural_network import MLPRegressor
@@ -20,7 +21,7 @@ from onnxgrad_sklearn.cli import build_parser, infer_task, main
 pd = pytest.importorskip("pandas")
 
 ROOT = Path(__file__).resolve().parents[1]
-FEATURES = ["a", "b", "c", "d"]
+FEATURES = CLI_FEATURES
 FIT_FLAGS = [
     "--data",
     "--target",
@@ -93,14 +94,7 @@ def _one_error_line(err):
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     folder = tmp_path_factory.mktemp("cli")
-    rng = np.random.RandomState(0)
-    X = rng.randn(200, 4)
-    frame = pd.DataFrame(X, columns=FEATURES)
-    frame["price"] = X @ np.array([1.5, -2.0, 0.5, 1.0]) + 0.1 * rng.randn(200)
-    frame.to_csv(folder / "reg.csv", index=False)
-    kinds = pd.DataFrame(X, columns=FEATURES)
-    kinds["kind"] = np.array(["cat", "dog", "fish"])[X[:, :3].argmax(axis=1)]
-    kinds.to_csv(folder / "cls.csv", index=False)
+    X, frame, rng = write_cli_tables(folder)
     text = frame.copy()
     text.insert(1, "city", rng.choice(["Paris", "Rome"], 200))
     text.to_csv(folder / "text.csv", index=False)

@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
+from _helpers import CLI_CLASSES, CLI_FEATURES, write_cli_tables
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxgrad_sklearn import OnnxTemplate, OrtGradientClassifier, OrtGradientRegressor
@@ -21,8 +22,7 @@ pytestmark = pytest.mark.filterwarnings(
     "ignore::DeprecationWarning", "ignore::sklearn.exceptions.ConvergenceWarning"
 )
 
-FEATURES = ["a", "b", "c", "d"]
-CLASSES = ["cat", "dog", "fish"]
+FEATURES, CLASSES = CLI_FEATURES, CLI_CLASSES
 
 
 # helpers ----------------------------------------------------------------------
@@ -113,14 +113,7 @@ def mlp_model(n_in=4, hidden=8, n_out=3, activation="Softmax"):
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     folder = tmp_path_factory.mktemp("cli_onnx")
-    rng = np.random.RandomState(0)
-    X = rng.randn(200, 4)
-    frame = pd.DataFrame(X, columns=FEATURES)
-    frame["price"] = X @ np.array([1.5, -2.0, 0.5, 1.0]) + 3.0 + 0.1 * rng.randn(200)
-    frame.to_csv(folder / "reg.csv", index=False)
-    kinds = pd.DataFrame(X, columns=FEATURES)
-    kinds["kind"] = np.array(CLASSES)[X[:, :3].argmax(axis=1)]
-    kinds.to_csv(folder / "cls.csv", index=False)
+    X, _, _ = write_cli_tables(folder, offset=3.0)
     binary = pd.DataFrame(X, columns=FEATURES)
     binary["sold"] = (X[:, 0] - X[:, 1] > 0).astype(int)
     binary.to_csv(folder / "bin.csv", index=False)
