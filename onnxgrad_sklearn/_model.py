@@ -257,8 +257,8 @@ class FedSession:
         Threads of the session (``intra_op_num_threads``).
     """
 
-    #: ``(id of a skeleton, threads)`` -> ``(skeleton, key, weights)``: the pool's key
-    #: of the copies of one fit (which share their skeleton), worked out once.
+    #: ``(id of a skeleton, threads)`` -> ``(skeleton, key, weights, options)``: the
+    #: pool's key of the copies of one fit (which share their skeleton), worked out once.
     _keys: dict = {}
 
     def __init__(self, converted: ConvertedTemplate, threads: int):
@@ -279,23 +279,23 @@ class FedSession:
         weights = sum(int(np.prod(d)) for d in conv.dims)
         if len(FedSession._keys) >= 16:  # the last fits' only
             FedSession._keys.clear()
-        FedSession._keys[(id(conv.skeleton), self._threads)] = (conv.skeleton, key, weights)
-        return key, weights
+        found = (conv.skeleton, key, weights, options)
+        FedSession._keys[(id(conv.skeleton), self._threads)] = found
+        return found[1:]
 
     def _made(self):
         if self._session is None:
             conv = self._converted
+            key, weights, options = self._key()
 
             def make():
                 from ._passes import initializers_as_inputs
 
                 graph = initializers_as_inputs(conv.with_values(None), conv.initializer_names)
-                options = session_options(self._threads, spinning=False)
                 return make_session(
                     graph.SerializeToString(), options, ["CPUExecutionProvider"], strict=False
                 )
 
-            key, weights = self._key()
             self._session = SESSIONS.shared(key, make, weights)
             self._feeds = {
                 n: np.ascontiguousarray(v) for n, v in zip(conv.initializer_names, conv.values)

@@ -10,6 +10,9 @@ TARGETS = "targets"
 SAMPLE_WEIGHT = "sample_weight"
 #: The training graph's output: the weighted mean loss of the batch, penalty included.
 LOSS = "loss"
+#: Prefix of the optimizer's update graph's names inside a graph it is appended to (the
+#: standard backend's step graph, the agent's gradient graph).
+UPDATE = "update/"
 #: The training graph's inputs holding the L2 and L1 coefficients of the penalty.
 PENALTY_INPUTS = ("penalty_l2", "penalty_l1")
 #: The training graph's metadata key saying it was made from an ONNX template

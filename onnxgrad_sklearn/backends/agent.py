@@ -31,6 +31,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .._lazy import lazy
+from .._names import UPDATE
 from ..runtime import (
     LARGE_MODEL,
     SESSIONS,
@@ -91,8 +92,6 @@ OrtValueVector = _C.OrtValueVector
 CHUNKED_UPDATE_FROM = LARGE_MODEL
 #: Elements of a piece of the chunked update (4 MB in float32).
 UPDATE_CHUNK = 1 << 20
-#: Prefix of the update's names inside the gradient graph (:func:`fuse_update`).
-UPDATE = "update/"
 
 
 def _vector(values: Sequence[OrtValue]) -> OrtValueVector:
@@ -196,9 +195,7 @@ class TrainingAgent:
                 f"run_forward expects {len(self.fw_feed_names)} feeds "
                 f"({self.fw_feed_names}), got {len(feeds)}."
             )
-        fetches = OrtValueVector()
-        self._agent.run_forward(_vector(feeds), fetches, state, _C.OrtValueCache())
-        return ortvalue_list(fetches)
+        return ortvalue_list(self.run_forward_vector(_vector(feeds), state))
 
     def run_forward_vector(self, feeds: OrtValueVector, state):
         """:meth:`run_forward` with the feeds as the runtime takes them (an
@@ -243,7 +240,7 @@ class TrainingAgent:
                     f"({self.bw_fetches_names}), got {len(into)} values to write into."
                 )
             fetches = _vector(into)
-        self._agent.run_backward(_vector(grad_outputs), fetches, state)
+        self.run_backward_vector(_vector(grad_outputs), fetches, state)
         return list(into) if into is not None else ortvalue_list(fetches)
 
 
@@ -512,9 +509,7 @@ class OrtGradientForwardBackward:
             if self.shared:
                 SESSIONS.give_back(self._agent_key, agent, self._n_weights)
 
-    def forward(
-        self, inputs: Sequence[OrtValue], weights: Sequence[OrtValue], extra: Sequence = ()
-    ):
+    def forward(self, inputs: Sequence[OrtValue], weights: Sequence[OrtValue]):
         """Run the training forward pass.
 
         Parameters
@@ -523,9 +518,6 @@ class OrtGradientForwardBackward:
             One value per name of ``input_names``.
         weights : list of OrtValue
             One value per name of ``weights_to_train``.
-        extra : list of OrtValue, default=()
-            The gradient graph's inputs after the weights, in order: those of an
-            update appended to it (:func:`fuse_update`).
 
         Returns
         -------
@@ -541,7 +533,7 @@ class OrtGradientForwardBackward:
             )
         agent = self.agent
         state = agent.new_state()
-        outputs = agent.run_forward([*inputs, *weights, *extra], state)
+        outputs = agent.run_forward([*inputs, *weights], state)
         return outputs[: self._n_user_outputs], state
 
     def backward(
@@ -825,9 +817,29 @@ class AgentBackend(Backend):
         parity = flat.current
         lr = self.optimizer.step_learning_rate(learning_rate, self.step + 1)
         self._lr.update_inplace(np.array(lr, dtype=np.float32))
-        agent = self.forward_backward.agent
-        # the feeds as the runtime takes them, made again only when the batch's arrays
-        # move (the loop gathers shuffled batches into the same buffers): 5-7 us a step
+        loss, state = self._forward(X, y, sample_weight)
+        if not np.isfinite(loss):
+            return loss  # no update: the caller decides what to do
+        self.forward_backward.agent.run_backward_vector(fused.one, fused.into[parity], state)
+        # taken in one assignment (see train_batch); the set read is what undo goes back to
+        self._previous, self.step, flat.current = (parity, self.step), self.step + 1, 1 - parity
+        return loss
+
+    def _forward(self, X, y, sample_weight):
+        if self._fused is not None:
+            return self._fused_forward(X, y, sample_weight)
+        outputs, state = self.forward_backward.forward(
+            [self._feed(X), self._feed(y), self._feed(sample_weight), *self._constant_feeds],
+            self.weights,
+        )
+        return float(outputs[0].numpy()), state
+
+    def _fused_forward(self, X, y, sample_weight):
+        """The forward run of the graph with the update appended: the batch, the
+        constants, the weights and the update's inputs of the set read, as the runtime
+        takes them, made again only when the batch's arrays move (the loop gathers
+        shuffled batches into the same buffers): 5-7 us a step."""
+        fused, parity = self._fused, self._flat.current
         arrays = (X, y, sample_weight)
         key = (parity, *((a.__array_interface__["data"][0], a.shape, a.dtype) for a in arrays))
         feeds = fused.cached_feeds.get(key)
@@ -838,23 +850,9 @@ class AgentBackend(Backend):
             feeds = fused.cached_feeds[key] = _vector(
                 [*inputs, *self._constant_feeds, *self.weights, *fused.feeds[parity]]
             )
+        agent = self.forward_backward.agent
         state = agent.new_state()
-        loss = float(agent.run_forward_vector(feeds, state)[0].numpy())
-        if not np.isfinite(loss):
-            return loss  # no update: the caller decides what to do
-        agent.run_backward_vector(fused.one, fused.into_vectors[parity], state)
-        # taken in one assignment (see train_batch); the set read is what undo goes back to
-        self._previous, self.step, flat.current = (parity, self.step), self.step + 1, 1 - parity
-        return loss
-
-    def _forward(self, X, y, sample_weight):
-        extra = () if self._fused is None else self._fused.feeds[self._flat.current]
-        outputs, state = self.forward_backward.forward(
-            [self._feed(X), self._feed(y), self._feed(sample_weight), *self._constant_feeds],
-            self.weights,
-            extra,
-        )
-        return float(outputs[0].numpy()), state
+        return float(agent.run_forward_vector(feeds, state)[0].numpy()), state
 
     def loss(self, X, y, sample_weight):
         return self._forward(X, y, sample_weight)[0]
@@ -907,7 +905,8 @@ class _FusedUpdate:
     ``feeds[p]``: the update's inputs after the weights when set ``p`` holds the
     weights (the learning rate, then the weights and each state as vectors of set
     ``p``); ``into[p]``: the backward run's outputs, the new weights and state in
-    the other set, then the gradients in buffers of their own (views of one vector).
+    the other set, then the gradients in buffers of their own (views of one vector),
+    as the runtime takes them (an ``OrtValueVector``, made once).
     """
 
     def __init__(self, meta, optimizer, shapes, flat: DoubleBuffers, lr, one):
@@ -924,9 +923,7 @@ class _FusedUpdate:
             ortvalue_view(self._gradient[a:b].reshape(s))
             for a, b, s in zip(offsets[:-1], offsets[1:], shapes)
         ]
-        self.into = [[*vectors[1 - p], *self.gradients] for p in (0, 1)]
-        #: the same as the runtime takes them (``OrtValueVector``), made once
-        self.into_vectors = [_vector(into) for into in self.into]
+        self.into = [_vector([*vectors[1 - p], *self.gradients]) for p in (0, 1)]
         self.one = _vector([one])
         #: the forward feeds of the last batches' arrays (``AgentBackend._train_fused``)
         self.cached_feeds = {}

@@ -34,7 +34,7 @@ import numpy as np
 
 from .. import artifacts
 from .._lazy import lazy
-from .._names import BATCH, LOSS, PENALTY_INPUTS, SAMPLE_WEIGHT, TARGETS, Y_TRUE
+from .._names import BATCH, LOSS, PENALTY_INPUTS, SAMPLE_WEIGHT, TARGETS, UPDATE, Y_TRUE
 from ..runtime import (
     LARGE_MODEL,
     bindings,
@@ -65,8 +65,6 @@ __all__ = [
 logger = logging.getLogger("onnxgrad_sklearn")
 
 SEED = "adj_loss"
-#: Prefix of the update graph's names inside the fused graph.
-UPDATE = "update/"
 #: onnxruntime graph optimizers turned off for double graphs: they emit operators
 #: that have float32 kernels only.
 DOUBLE_DISABLED_OPTIMIZERS = ["MatmulTransposeFusion", "MatMulScaleFusion"]
