@@ -122,7 +122,11 @@ class BaseOptimizer(BaseEstimator):
 
     def init_state(self, param: np.ndarray) -> dict[str, np.ndarray]:
         """Return the initial state of a weight: zeros of its dtype for each ``state_names``."""
-        return {name: np.zeros_like(param) for name in self.state_names}
+        # np.zeros, not zeros_like: its pages are the system's zero page until written,
+        # so a large model's initial state takes no memory before it is copied
+        return {
+            name: np.zeros(np.shape(param), np.asarray(param).dtype) for name in self.state_names
+        }
 
     def build_update_model(
         self, shapes: Sequence[Sequence[int]], flat: bool = False, dtype=np.float32

@@ -508,10 +508,13 @@ def test_a_non_finite_loss_leaves_both_sets_and_undo_goes_two_steps_back(
 
     monkeypatch.setattr(standard, "DEVICE_BUFFERS_ON_CPU", device_buffers)
     monkeypatch.setattr(standard, "TWO_SETS_FROM", 0)  # as for a model of 1M weights
+    monkeypatch.setattr(standard, "STEP_UPDATE_CHUNK", 100)  # pieces inside weights (CPU)
     engine, batches = _engine(optimizer)
     backend = engine._backend
     buffers = backend._buffers
     assert backend.guarded
+    elementwise = not isinstance(optimizer, _PerTensorNesterov)
+    assert backend.chunk == (100 if elementwise and not device_buffers else None)
     assert len(buffers.vectors if device_buffers else buffers.arrays) == 2  # two sets
     start = engine.get_weights(), engine.get_state()
     engine.train_batch(*batches[0], 0.01)
@@ -546,6 +549,35 @@ def test_a_non_finite_loss_leaves_both_sets_and_undo_goes_two_steps_back(
         np.testing.assert_array_equal(a, b)
     for sa, sb in zip(engine2.get_state()["state"], engine.get_state()["state"]):
         for a, b in zip(sa, sb):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("optimizer", ["nesterov", "adam", "sgd"])
+def test_a_large_models_update_by_pieces_is_the_flat_update(optimizer, monkeypatch):
+    """A model of 1M weights or more updates its weights by pieces in the step graph
+    (no concatenation of the gradients, a piece's temporaries): the very weights and
+    losses of one flat update, whether the pieces cut weights or not."""
+    from onnxgrad_sklearn.backends import standard
+
+    X, y = _data(150)
+    monkeypatch.setattr(standard, "TWO_SETS_FROM", 0)  # as for a model of 1M weights
+    fits = []
+    for chunk in (0, 100, standard.STEP_UPDATE_CHUNK):  # 0: one flat update
+        monkeypatch.setattr(standard, "STEP_UPDATE_CHUNK", chunk)
+        est = OrtGradientRegressor(
+            MLPRegressor(hidden_layer_sizes=(40,)), optimizer=optimizer, backend="standard",
+            max_iter=3, batch_size=16, random_state=0,
+        ).fit(X, y)  # fmt: skip
+        backend = est._engine._backend
+        assert backend.guarded and backend.chunk == (chunk or None)
+        guard = backend._step_graph(32, 1)[0].graph.node[-1]
+        ops = {n.op_type for a in guard.attribute if a.name == "then_branch" for n in a.g.node}
+        assert ("Concat" in ops) == (chunk == 0)  # the flat update concatenates
+        assert ("Slice" in ops) == (chunk == 100)  # pieces inside weights
+        fits.append(est)
+    for est in fits[1:]:
+        assert est.loss_curve_ == fits[0].loss_curve_
+        for a, b in zip(est.estimator_.coefs_, fits[0].estimator_.coefs_):
             np.testing.assert_array_equal(a, b)
 
 

@@ -104,3 +104,36 @@ def test_conversion_keeps_no_copy_of_a_fitted_templates_arrays():
     np.testing.assert_array_equal(
         conv.initializer_values()[0], template.coefs_[0].astype(np.float32)
     )
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_a_predict_session_takes_the_values_without_a_copy_of_its_own():
+    """The values go to the runtime as they are (no NumPy copy first): onnxruntime
+    copies them into the session, so a change made to them afterwards leaves what
+    the session predicts as it was (and ``predict`` follows the fit, not later
+    in-place edits of ``estimator_``)."""
+    import gc
+    import tracemalloc
+
+    from onnxgrad_sklearn.runtime import session_options
+
+    est = OrtGradientRegressor(
+        MLPRegressor(hidden_layer_sizes=(256, 256)), max_iter=1, random_state=0
+    ).fit(X, Y)
+    conv = est._converted
+    size = sum(v.nbytes for v in conv.values)
+    expected = est.predict(X)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        session = conv.session(session_options(1, spinning=False), ["CPUExecutionProvider"])
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held < size / 10  # a copy made first would be the values' size
+    for value in conv.values:
+        value *= 2  # in place: the runtime's copy is not changed
+    got = session.run(None, {session.get_inputs()[0].name: X})[0]
+    np.testing.assert_array_equal(got.ravel(), expected.ravel())
+    for value in conv.values:
+        value /= 2

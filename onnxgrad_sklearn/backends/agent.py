@@ -48,7 +48,7 @@ from ..runtime import (
     to_ortvalue,
 )
 from .base import Backend, shared_session
-from .buffers import BoundRun, DoubleBuffers, bind_address
+from .buffers import BoundRun, DoubleBuffers, bind_address, pieces
 
 # imported on first use: a fit whose plan is cached parses no graph
 onnx = lazy("onnx")
@@ -964,10 +964,7 @@ class _ChunkedUpdate:
         self._device = ort_device("CPUExecutionProvider", 0)
         itemsize = flat.dtype.itemsize
         #: (weight, offset in the weight, length) of each piece
-        self.pieces = []
-        for i, shape in enumerate(shapes):
-            size = int(np.prod(shape))
-            self.pieces.extend((i, s, min(chunk, size - s)) for s in range(0, size, chunk))
+        self.pieces = pieces(shapes, chunk)
         offsets = np.cumsum([0, *[int(np.prod(shape)) for shape in shapes]])
         # one binding per piece and parity: the weights and states bound once
         self._bindings = [[], []]

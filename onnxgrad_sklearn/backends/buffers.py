@@ -32,7 +32,22 @@ __all__ = [
     "DeviceBuffers",
     "DoubleBuffers",
     "bind_address",
+    "pieces",
 ]
+
+
+def pieces(shapes: Sequence[Sequence[int]], chunk: int) -> list[tuple[int, int, int]]:
+    """Cut the weights of ``shapes`` into pieces of at most ``chunk`` elements.
+
+    Returns ``(weight, offset in the weight, length)`` of each piece, weight by
+    weight: what an update by pieces runs over, its temporaries a piece's size
+    instead of the model's.
+    """
+    out = []
+    for i, shape in enumerate(shapes):
+        size = math.prod(shape)
+        out.extend((i, s, min(chunk, size - s)) for s in range(0, size, chunk))
+    return out
 
 
 class BoundRun:
@@ -138,6 +153,7 @@ class DoubleBuffers(_BufferSets):
         sizes = [math.prod(shape) for shape in shapes]
         offsets = np.cumsum([0, *sizes])
         self.size = int(offsets[-1])
+        self._offsets = [int(o) for o in offsets[:-1]]
         self.arrays = [
             [np.zeros(self.size, dtype=self.dtype) for _ in range(1 + n_state)]
             for _ in range(n_sets)
@@ -182,6 +198,12 @@ class DoubleBuffers(_BufferSets):
     def read(self, k: int, parity: int | None = None) -> list[np.ndarray]:
         """Copies of each weight's part of vector ``k`` of a set (the current one by default)."""
         return [v.copy() for v in self.views[self.current if parity is None else parity][k]]
+
+    def piece_views(self, spans) -> list[list[list[OrtValue]]]:
+        """``OrtValue`` views of pieces of the vectors: ``[parity][k][j]`` is piece ``j``
+        (``spans[j]``, as :func:`pieces` gives them) of vector ``k`` of a set."""
+        starts = [(self._offsets[i] + s, n) for i, s, n in spans]
+        return [[[ortvalue_view(v[o : o + n]) for o, n in starts] for v in p] for p in self.arrays]
 
     def binder(self, binding, name: str, parity, k: int, i: int | None = None, output=False):
         """``(function, arguments)`` of what :meth:`bind` calls, to call again cheaply."""

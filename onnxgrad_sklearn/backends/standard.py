@@ -45,7 +45,7 @@ from ..runtime import (
     to_ortvalue,
 )
 from .base import Backend, all_finite, warn, zero_derivative_warning
-from .buffers import DeviceBuffers, DoubleBuffers
+from .buffers import DeviceBuffers, DoubleBuffers, pieces
 
 # imported on first use: a fit whose graphs are cached imports neither
 onnx = lazy("onnx")
@@ -76,6 +76,11 @@ _CACHED = 4
 #: vector), for about 5 us per step that the ``If`` costs, which only small models,
 #: whose steps take tens of microseconds, would notice.
 TWO_SETS_FROM = LARGE_MODEL
+#: Elements of a piece of the update of a model of :data:`TWO_SETS_FROM` weights or
+#: more on the CPU (:func:`step_graph`'s ``chunk``): the update's temporaries and
+#: the gradients' concatenation are then about a megabyte instead of three times the
+#: weights' size. 0: one flat update.
+STEP_UPDATE_CHUNK = 1 << 18
 
 
 def memory_pattern_grows() -> bool:
@@ -233,6 +238,7 @@ def step_graph(
     pads=None,
     guard: bool = False,
     forward_outputs=(),
+    chunk: int | None = None,
 ) -> tuple[onnx.ModelProto, bool]:
     """Return the fused training step for one batch size, and whether it updates flat vectors.
 
@@ -252,6 +258,14 @@ def step_graph(
     ``forward_outputs``: outputs of the training graph the step also gives (the running
     statistics of a BatchNormalization in training mode), computed by the forward pass.
 
+    ``chunk`` (flat rules without ``pads``): the update runs over pieces of at most
+    ``chunk`` elements (:func:`~onnxgrad_sklearn.backends.buffers.pieces`), with
+    inputs ``update/param_<j>``, ``update/<state>_<j>`` and outputs
+    ``update/new_param_<j>``, ``update/new_<state>_<j>`` per piece ``j``, bound to
+    views of the vectors: no concatenation of the gradients, and the update's
+    temporaries are a piece's (:data:`STEP_UPDATE_CHUNK`). The same values: the rule
+    is element-wise.
+
     Built at each call (onnx-ad and the passes): :class:`StandardBackend` keeps what
     it builds as a training artifact.
     """
@@ -262,16 +276,20 @@ def step_graph(
     dtype = model_dtype(graph)
     layout = list(shapes)
     padded = flat and pads is not None and any(pads)
-    if padded:  # the padding as weights of their own, between the real ones
+    spans = pieces(shapes, chunk) if flat and chunk and not padded else None
+    if spans:  # each piece a weight of its own to the rule
+        layout = [(n,) for _, _, n in spans]
+    elif padded:  # the padding as weights of their own, between the real ones
         layout = []
         for shape, pad in zip(shapes, pads):
             layout.append(shape)
             if pad:
                 layout.append((pad,))
+    by_weight = flat and not spans
     if dtype == np.float32:  # an optimizer of its own may not take a dtype
-        update = optimizer.build_update_model(layout, flat=flat)
+        update = optimizer.build_update_model(layout, flat=by_weight)
     else:
-        update = optimizer.build_update_model(layout, flat=flat, dtype=dtype)
+        update = optimizer.build_update_model(layout, flat=by_weight, dtype=dtype)
     grad = gradient_graph(graph, weight_names, batch, targets)
     kept = [o for o in grad.graph.output[1:] if o.name in set(forward_outputs)]
     adjoints = [o.name for o in grad.graph.output[1:] if o.name not in set(forward_outputs)]
@@ -288,7 +306,9 @@ def step_graph(
                     )
                 sources.append(zeros)
         adjoints = sources
-    if flat:
+    if spans:
+        connect = _piece_gradients(grad, adjoints, spans)
+    elif flat:
         # the flat rule reshapes each gradient to a vector itself
         connect = {f"grad_{i}": a for i, a in enumerate(adjoints)}
     else:
@@ -307,6 +327,36 @@ def step_graph(
     if guard:
         guard_update(grad, forward_outputs)
     return grad, flat
+
+
+def _piece_gradients(grad: onnx.ModelProto, adjoints, spans) -> dict[str, str]:
+    """Add to ``grad`` each piece of the gradients ``adjoints`` as a vector (a reshape
+    for a weight in one piece, else a slice of it); return the update's ``grad_<j>``
+    inputs connected to them."""
+    graph = grad.graph
+
+    def constant(name, values):
+        graph.initializer.append(onnx.numpy_helper.from_array(np.array(values, np.int64), name))
+        return name
+
+    minus_one = constant(UPDATE + "pieces_flat", [-1])
+    zero = constant(UPDATE + "pieces_axis", [0])
+    connect, flats = {}, {}
+    whole = {i for i, s, n in spans if s == 0} - {i for i, s, _ in spans if s > 0}
+    for j, (i, start, n) in enumerate(spans):
+        if i not in flats:
+            flats[i] = f"{adjoints[i]}_flat"
+            graph.node.append(
+                onnx.helper.make_node("Reshape", [adjoints[i], minus_one], [flats[i]])
+            )
+        if i in whole:
+            connect[f"grad_{j}"] = flats[i]
+            continue
+        name = f"{UPDATE}piece_{j}"
+        bounds = [constant(f"{name}_{b}", [v]) for b, v in (("start", start), ("end", start + n))]
+        graph.node.append(onnx.helper.make_node("Slice", [flats[i], *bounds, zero], [name]))
+        connect[f"grad_{j}"] = name
+    return connect
 
 
 def _constant_names(model) -> set:
@@ -457,12 +507,20 @@ class StandardBackend(Backend):
         self._n_sets = n_sets = 2 if self.guarded else 3
         if self.guarded and not on_device and memory_pattern_grows():
             self.options.enable_mem_pattern = False  # these options are this backend's own
+        #: Elements of a piece of the step's update, or None (:data:`STEP_UPDATE_CHUNK`).
+        self.chunk = None
+        if self.guarded and optimizer.elementwise and not self.device_buffers:
+            self.chunk = STEP_UPDATE_CHUNK or None
         if self.device_buffers:
             self._buffers = DeviceBuffers(
                 self.shapes, n_state, n_sets=n_sets, dtype=self.dtype, device=self.device
             )
         else:
             self._buffers = DoubleBuffers(self.shapes, n_state, n_sets=n_sets, dtype=self.dtype)
+        #: ``[parity][k][j]``: piece ``j`` of vector ``k`` of a set, what the step binds
+        self._pieces = None
+        if self.chunk:
+            self._pieces = self._buffers.piece_views(pieces(self.shapes, self.chunk))
         self._buffers.write(0, start)
         # The batches (X, y, sample_weight) and the learning rate are CPU values on every
         # device, bound as OrtValue views of their numpy memory: onnxruntime copies a CPU
@@ -659,6 +717,8 @@ class StandardBackend(Backend):
         metadata: a training artifact of the plan, made by ``build()`` (which returns a
         model and its metadata) the first time."""
         parts = (self.plan.key, batch, targets, self._buffers.pads, self.guarded)
+        if self.chunk:
+            parts += (self.chunk,)
         key = artifacts.make_key(kind, parts)
         found = artifacts.get(key)
         if found is None:
@@ -690,6 +750,7 @@ class StandardBackend(Backend):
             forward_outputs=[s.output for s in self._run_state.statistics]
             if self._run_state
             else (),
+            chunk=self.chunk,
         )
         logger.debug(
             "standard backend: step graph for batch %d, %d nodes", batch, len(model.graph.node)
@@ -718,6 +779,13 @@ class StandardBackend(Backend):
         for i, name in enumerate(self.weight_names):
             inputs.append(b.binder(binding, name, p, 0, i))
         names = self.optimizer.state_names
+        if self._pieces is not None:  # by pieces: always guarded
+            bind, views = binding.bind_ortvalue_input, self._pieces
+            for k, name in enumerate(("param", *names)):
+                for j in range(len(views[p][k])):
+                    inputs.append((bind, (f"{UPDATE}{name}_{j}", views[p][k][j])))
+                    inputs.append((bind, (f"{UPDATE}kept_{name}_{j}", views[q][k][j])))
+            return inputs
         kept = []  # (input name, vector, weight) of what a guarded step keeps
         if run.flat:
             inputs.append(b.binder(binding, UPDATE + "param", p, 0))
@@ -745,7 +813,11 @@ class StandardBackend(Backend):
         b, binding, q = self._buffers, run.binding, run.write
         binding.bind_ortvalue_output(LOSS, self._loss)
         names = self.optimizer.state_names
-        if run.flat:
+        if self._pieces is not None:
+            for k, name in enumerate(("param", *names)):
+                for j, view in enumerate(self._pieces[q][k]):
+                    binding.bind_ortvalue_output(f"{UPDATE}new_{name}_{j}", view)
+        elif run.flat:
             b.bind(binding, UPDATE + "new_param", q, 0, output=True)
             for k, name in enumerate(names):
                 b.bind(binding, UPDATE + f"new_{name}", q, 1 + k, output=True)
