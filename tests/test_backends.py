@@ -412,18 +412,17 @@ def _short_last_batch_fit(monkeypatch, pad, loss="squared_error"):
         max_iter=5,
         random_state=0,
     )
-    original = standard.StandardBackend._padded
+    original = standard.pad_batch
     seen = []
 
-    def padded(self, X, y, sw):
-        self.pad_batches = self.pad_batches and pad
-        out = original(self, X, y, sw)
+    def padded(pads, sizes, X, y, sw):  # pad=False: every batch as it is
+        out = original(pads, sizes, X, y, sw) if pad else (X, y, sw)
         seen.append((len(X), len(out[0])))
         return out
 
     with monkeypatch.context() as patch, warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        patch.setattr(standard.StandardBackend, "_padded", padded)
+        patch.setattr(standard, "pad_batch", padded)
         est.fit(X, y)
     return est, seen
 
@@ -455,7 +454,8 @@ def test_an_onnx_loss_whose_rows_may_mix_is_not_padded(monkeypatch):
     )
     loss = OnnxLoss(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]))
     est, seen = _short_last_batch_fit(monkeypatch, pad=True, loss=loss)
-    assert (26, 26) in seen and len(est._engine._backend._steps) == 2
+    assert not est._engine._backend.pad_batches and not seen  # no batch padded
+    assert len(est._engine._backend._steps) == 2  # a graph of its own for the short batch
 
 
 # step graphs kept for the process ---------------------------------------------------

@@ -274,59 +274,68 @@ def step_graph(
 
     flat = bool(optimizer.elementwise)
     dtype = model_dtype(graph)
-    layout = list(shapes)
-    padded = flat and pads is not None and any(pads)
-    spans = pieces(shapes, chunk) if flat and chunk and not padded else None
+    pads = pads if flat and pads is not None and any(pads) else None
+    spans = pieces(shapes, chunk) if flat and chunk and pads is None else None
     if spans:  # each piece a weight of its own to the rule
         layout = [(n,) for _, _, n in spans]
-    elif padded:  # the padding as weights of their own, between the real ones
+    elif pads:  # the padding as weights of their own, between the real ones
         layout = []
         for shape, pad in zip(shapes, pads):
-            layout.append(shape)
-            if pad:
-                layout.append((pad,))
-    by_weight = flat and not spans
-    if dtype == np.float32:  # an optimizer of its own may not take a dtype
-        update = optimizer.build_update_model(layout, flat=by_weight)
+            layout.extend([shape, (pad,)] if pad else [shape])
     else:
-        update = optimizer.build_update_model(layout, flat=by_weight, dtype=dtype)
+        layout = list(shapes)
+    # an optimizer of its own may not take a dtype
+    kwargs = {} if dtype == np.float32 else {"dtype": dtype}
+    update = optimizer.build_update_model(layout, flat=flat and not spans, **kwargs)
     grad = gradient_graph(graph, weight_names, batch, targets)
     kept = [o for o in grad.graph.output[1:] if o.name in set(forward_outputs)]
     adjoints = [o.name for o in grad.graph.output[1:] if o.name not in set(forward_outputs)]
     del grad.graph.output[1:]
-    if padded:
-        sources = []
-        for a, pad in zip(adjoints, pads):
-            sources.append(a)
-            if pad:
-                zeros = f"padding_gradient_{pad}"
-                if zeros not in {init.name for init in grad.graph.initializer}:
-                    grad.graph.initializer.append(
-                        onnx.numpy_helper.from_array(np.zeros(pad, dtype=dtype), zeros)
-                    )
-                sources.append(zeros)
-        adjoints = sources
     if spans:
         connect = _piece_gradients(grad, adjoints, spans)
-    elif flat:
-        # the flat rule reshapes each gradient to a vector itself
-        connect = {f"grad_{i}": a for i, a in enumerate(adjoints)}
+    elif flat:  # the flat rule reshapes each gradient to a vector itself
+        sources = _padded_gradients(grad, adjoints, pads, dtype)
+        connect = {f"grad_{i}": a for i, a in enumerate(sources)}
     else:
-        connect = {}
-        for i, (a, shape) in enumerate(zip(adjoints, shapes)):
-            target = f"{a}_shape"
-            grad.graph.initializer.append(
-                onnx.numpy_helper.from_array(np.array(shape, dtype=np.int64), target)
-            )
-            grad.graph.node.append(onnx.helper.make_node("Reshape", [a, target], [f"{a}_w"]))
-            connect[f"grad_{i}"] = f"{a}_w"
-            connect[f"param_{i}"] = weight_names[i]
+        connect = _weight_gradients(grad, adjoints, shapes, weight_names)
     merge_update(grad, update, connect, prefix=UPDATE)
     grad.graph.output.extend(kept)
     _simplify(grad)
     if guard:
         guard_update(grad, forward_outputs)
     return grad, flat
+
+
+def _padded_gradients(grad: onnx.ModelProto, adjoints, pads, dtype) -> list[str]:
+    """The gradients with, after weight ``i``, ``pads[i]`` zeros (a constant of ``grad``)."""
+    if pads is None:
+        return list(adjoints)
+    sources = []
+    for a, pad in zip(adjoints, pads):
+        sources.append(a)
+        if pad:
+            zeros = f"padding_gradient_{pad}"
+            if zeros not in {init.name for init in grad.graph.initializer}:
+                grad.graph.initializer.append(
+                    onnx.numpy_helper.from_array(np.zeros(pad, dtype=dtype), zeros)
+                )
+            sources.append(zeros)
+    return sources
+
+
+def _weight_gradients(grad: onnx.ModelProto, adjoints, shapes, weight_names) -> dict[str, str]:
+    """Connect a rule that is not element-wise to each gradient in its weight's shape,
+    and to the weight itself."""
+    connect = {}
+    for i, (a, shape) in enumerate(zip(adjoints, shapes)):
+        target = f"{a}_shape"
+        grad.graph.initializer.append(
+            onnx.numpy_helper.from_array(np.array(shape, dtype=np.int64), target)
+        )
+        grad.graph.node.append(onnx.helper.make_node("Reshape", [a, target], [f"{a}_w"]))
+        connect[f"grad_{i}"] = f"{a}_w"
+        connect[f"param_{i}"] = weight_names[i]
+    return connect
 
 
 def _piece_gradients(grad: onnx.ModelProto, adjoints, spans) -> dict[str, str]:
@@ -458,6 +467,42 @@ def _guard(zero, outputs, then_branch, else_branch) -> list:
             else_branch=else_branch,
         ),
     ]
+
+
+def pad_batch(pads: dict, sizes, X, y, sample_weight):
+    """The batch as rows of a larger step graph already made, or as it is.
+
+    The last batch of an epoch is smaller than the others when the batch size
+    does not divide the rows: rather than a graph and a session of its own
+    (onnx-ad, the passes and onnxruntime again, about 11 ms for a 100-256-256-1
+    MLP, and one more arena), it is padded to the next size a graph exists
+    for, the extra rows copies of its first one with a sample weight of zero:
+    the loss and its gradients are sums weighted by the sample weights,
+    divided by their sum, and a zero weight on a finite row adds zeros.
+    ``sizes``: the ``(batch, targets)`` of the step graphs made; ``pads``: the
+    padded batches' arrays by size, kept from call to call.
+    """
+    n, width = X.shape[0], y.shape[1]
+    if (n, width) in sizes:
+        return X, y, sample_weight
+    larger = [size for size, w in sizes if w == width and size > n]
+    if not larger:
+        return X, y, sample_weight
+    size = min(larger)
+    key = size, width, X.shape[1:], X.dtype.str
+    if key not in pads:
+        pads[key] = (
+            np.empty((size, *X.shape[1:]), X.dtype),
+            np.empty((size, width), y.dtype),
+            np.zeros(size, sample_weight.dtype),
+        )
+    padded = pads[key]
+    for target, value in zip(padded, (X, y, sample_weight)):
+        target[:n] = value
+    padded[0][n:] = X[:1]
+    padded[1][n:] = y[:1]
+    padded[2][n:] = 0
+    return padded
 
 
 class _StepRun:
@@ -885,42 +930,9 @@ class StandardBackend(Backend):
         kept = None  # noqa: F841  (the run state's arrays were alive until here)
         return [value.numpy().copy() for value in binding.get_outputs()]
 
-    # passes ------------------------------------------------------------------
-    def _padded(self, X, y, sample_weight):
-        """The batch as rows of a larger step graph already made, or as it is.
-
-        The last batch of an epoch is smaller than the others when the batch size
-        does not divide the rows: rather than a graph and a session of its own
-        (onnx-ad, the passes and onnxruntime again, about 11 ms for a 100-256-256-1
-        MLP, and one more arena), it is padded to the next size a graph exists
-        for, the extra rows copies of its first one with a sample weight of zero:
-        the loss and its gradients are sums weighted by the sample weights,
-        divided by their sum, and a zero weight on a finite row adds zeros.
-        """
-        n, width = X.shape[0], y.shape[1]
-        if not self.pad_batches or (n, width) in self._steps:
-            return X, y, sample_weight
-        larger = [size for size, w in self._steps if w == width and size > n]
-        if not larger:
-            return X, y, sample_weight
-        size = min(larger)
-        key = size, width, X.shape[1:], X.dtype.str
-        if key not in self._pads:
-            self._pads[key] = (
-                np.empty((size, *X.shape[1:]), X.dtype),
-                np.empty((size, width), y.dtype),
-                np.zeros(size, sample_weight.dtype),
-            )
-        padded = self._pads[key]
-        for target, value in zip(padded, (X, y, sample_weight)):
-            target[:n] = value
-        padded[0][n:] = X[:1]
-        padded[1][n:] = y[:1]
-        padded[2][n:] = 0
-        return padded
-
     def train_batch(self, X, y, sample_weight, learning_rate):
-        X, y, sample_weight = self._padded(X, y, sample_weight)
+        if self.pad_batches:
+            X, y, sample_weight = pad_batch(self._pads, self._steps, X, y, sample_weight)
         key = X.shape[0], y.shape[1]
         runs = self._cached(self._steps, key, lambda: self._make_step(*key))
         b = self._buffers
