@@ -139,6 +139,13 @@ def fit_state(estimator):
     return estimator.__dict__.get("_callback_fit_state")
 
 
+#: Set on an estimator by a task's reconstruction (:meth:`FitTask._fitted`): the
+#: attributes the copy scikit-learn makes next (``copy.copy``) is given at once, which
+#: :func:`shallow_state` then does not copy first. Taken by that copy, or by the task
+#: after the callbacks' call.
+_REPLACED = "_onnxgrad_replaced"
+
+
 def shallow_state(estimator, optimizer_state=True) -> dict:
     """The ``__dict__`` of a shallow copy of ``estimator`` that can train on its own.
 
@@ -150,9 +157,12 @@ def shallow_state(estimator, optimizer_state=True) -> dict:
     arrays are shared, never written into). The ONNX models and the predict
     sessions are shared: a fit replaces them. So is the random state: a fit draws
     from a copy of its own (``Fit._rng``), never from one an estimator holds.
+    The copy of a callback's ``fitted_estimator`` (scikit-learn: ``copy.copy``, then
+    the reconstruction's attributes set) does not copy what those replace.
     """
     from .templates import _copy_sharing_arrays
 
+    replaced = estimator.__dict__.pop(_REPLACED, ())
     state = dict(estimator.__dict__)
     for name in _CONTEXT_ATTRIBUTES:
         state.pop(name, None)
@@ -162,9 +172,9 @@ def shallow_state(estimator, optimizer_state=True) -> dict:
     for name in _LISTS:
         if isinstance(state.get(name), list):
             state[name] = list(state[name])
-    if "_converted" in state:
+    if "_converted" in state and "_converted" not in replaced:
         state["_converted"] = dataclasses.replace(state["_converted"])
-    if "estimator_" in state:
+    if "estimator_" in state and "estimator_" not in replaced:
         state["estimator_"] = _copy_sharing_arrays(state["estimator_"])
     if "_schedule" in state:  # a few floats
         state["_schedule"] = copy.copy(state["_schedule"])
@@ -181,13 +191,14 @@ def fitted_state(estimator, weights, attributes=None, statistics=None) -> dict:
     makes its predict sessions when it first predicts. ``statistics``: the running
     statistics of BatchNormalization trained in training mode, by name.
     """
-    from .templates import _copy_sharing_arrays
+    from .templates import copy_for_weights
 
     probe = object.__new__(type(estimator))
     probe.__dict__.update(estimator.__dict__)  # store_weights replaces what it changes
+    probe.__dict__.pop(_REPLACED, None)
     probe.__dict__.update(attributes or {})
     probe._converted = dataclasses.replace(estimator._converted)
-    probe.estimator_ = _copy_sharing_arrays(estimator.estimator_)
+    probe.estimator_ = copy_for_weights(estimator.estimator_)
     # no session is made here: the copy predicts through the process's session of its
     # graph, fed its weights (FedSession, made once); else its own, made when it first
     # predicts. A callback that does not predict (one that saves the copy) pays for none.
@@ -242,8 +253,12 @@ class FitTask:
         def reconstruct():
             found = weights()  # the weights, or (the weights, the running statistics)
             if isinstance(found, tuple):
-                return fitted_state(self.estimator, found[0], attributes, found[1])
-            return fitted_state(self.estimator, found, attributes)
+                state = fitted_state(self.estimator, found[0], attributes, found[1])
+            else:
+                state = fitted_state(self.estimator, found, attributes)
+            # the copy scikit-learn makes next need not copy what it is given here
+            self.estimator.__dict__[_REPLACED] = frozenset(state)
+            return state
 
         return reconstruct
 
@@ -253,22 +268,28 @@ class FitTask:
         if self.leaf:
             return
         self.current = self.root.subcontext(task_name=name)
-        self.current.call_on_fit_task_begin(
-            estimator=self.estimator,
-            **self.data,
-            reconstruction_attributes=self._fitted(weights, attributes),
-        )
+        try:
+            self.current.call_on_fit_task_begin(
+                estimator=self.estimator,
+                **self.data,
+                reconstruction_attributes=self._fitted(weights, attributes),
+            )
+        finally:
+            self.estimator.__dict__.pop(_REPLACED, None)
 
     def end(self, weights, attributes=None) -> bool:
         """End the current subtask; return whether a callback asks the fit to stop."""
         if self.leaf:
             return False
         context, self.current = self.current, None
-        return context.call_on_fit_task_end(
-            estimator=self.estimator,
-            **self.data,
-            reconstruction_attributes=self._fitted(weights, attributes),
-        )
+        try:
+            return context.call_on_fit_task_end(
+                estimator=self.estimator,
+                **self.data,
+                reconstruction_attributes=self._fitted(weights, attributes),
+            )
+        finally:
+            self.estimator.__dict__.pop(_REPLACED, None)
 
     def close(self) -> None:
         """End a subtask begun but never run (after the last L-BFGS iteration, a

@@ -232,6 +232,29 @@ def test_a_fitted_estimators_template_shares_only_arrays_and_random_states():
     assert not np.array_equal(first.coefs_[0], final.coefs_[0])  # epoch 1's weights
     assert first._random_state is final._random_state
     np.testing.assert_array_equal(keep.fitted[1].estimator_.coefs_[0], final.coefs_[0])
+    assert keep.fitted[0]._converted is not reg._converted  # the graph holding its weights
+    # scikit-learn's copy.copy after the reconstruction was told what it would be given
+    # (not to copy it first): nothing of that is left on the estimator
+    assert not any(k.startswith("_onnxgrad") for k in reg.__dict__)
+    clone = copy.copy(reg)  # a copy made later copies the template as before
+    assert clone.estimator_ is not reg.estimator_ and clone._converted is not reg._converted
+
+
+def test_a_pipelines_fitted_estimator_has_a_final_step_of_its_own():
+    """In a Pipeline template, a fitted_estimator's final step holds its epoch's
+    weights; the steps before it (fitted before the training, not changed by it) are
+    shared with the fit's."""
+    X, y = _regression()
+    keep = Keep()
+    template = make_pipeline(StandardScaler(), small_mlp("standard").estimator)
+    reg = small_mlp("standard", max_iter=3, learning_rate_init=0.01)
+    reg.set_params(estimator=template).set_callbacks(keep).fit(X, y)
+    first, final = keep.fitted[0].estimator_, reg.estimator_
+    assert first is not final and first[-1] is not final[-1]
+    assert first[0] is final[0]  # the scaler
+    assert not np.array_equal(first[-1].coefs_[0], final[-1].coefs_[0])
+    np.testing.assert_array_equal(keep.fitted[-1].estimator_[-1].coefs_[0], final[-1].coefs_[0])
+    np.testing.assert_allclose(keep.fitted[-1].predict(X), reg.predict(X), rtol=1e-5, atol=1e-6)
 
 
 def test_copy_of_a_fitted_estimator_is_independent():
