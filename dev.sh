@@ -3,7 +3,9 @@
 #   ./dev.sh demo    install (with matplotlib), then train an MLP on the diabetes data
 #   ./dev.sh test    install with the test extras, lint and run the tests on PYTHON (.venv,
 #                    both backends), then the standard-backend suite on Python 3.13 with
-#                    plain onnxruntime (.venv313; SKIP313=1 skips it)
+#                    plain onnxruntime (.venv313; SKIP313=1 skips it); the tests marked
+#                    slow (subprocesses, the docs build, the benchmark scripts) are left out
+#   ./dev.sh test-all  the same with the slow tests (what CI runs)
 #   ./dev.sh docs    install with the test extras, then build docs/_build/html (warnings fail)
 # PYTHON selects the interpreter (3.10 to 3.12 for the training build), VENV the folder;
 # PYTHON313 the second interpreter (default: pyenv's 3.13.0), VENV313 its folder.
@@ -46,13 +48,18 @@ case "${1:-}" in
         shift
         exec "$VENV/bin/python" -m onnxgrad_sklearn.demo "$@"
         ;;
-    test)
+    test|test-all)
+        # ./dev.sh test leaves the tests marked slow out (pyproject.toml's markers)
+        select=(-m "not slow")
+        if [ "$1" = "test-all" ]; then
+            select=()
+        fi
         setup "$VENV" "$PYTHON" "[test]"
         shift
         "$VENV/bin/python" -m ruff check onnxgrad_sklearn tests benchmarks examples
         "$VENV/bin/python" -m ruff format --check onnxgrad_sklearn tests benchmarks examples
         "$VENV/bin/lint-imports" --no-cache   # the layers in pyproject.toml
-        "$VENV/bin/python" -m pytest "$@"
+        "$VENV/bin/python" -m pytest ${select[@]+"${select[@]}"} "$@"
         if [ "${SKIP313:-0}" != "1" ] && ! $(python313) --version >/dev/null 2>&1; then
             # CI has it (pyenv's 3.13.0); elsewhere the second suite needs it installed
             if [ "${CI:-}" = "true" ]; then
@@ -67,7 +74,7 @@ case "${1:-}" in
             echo "== Python 3.13, plain onnxruntime (standard backend) =="
             setup "$VENV313" "$(python313)" "[test313]"
             # shellcheck disable=SC2086
-            "$VENV313/bin/python" -m pytest $TESTS313 "$@"
+            "$VENV313/bin/python" -m pytest $TESTS313 ${select[@]+"${select[@]}"} "$@"
         fi
         ;;
     docs)
@@ -75,7 +82,7 @@ case "${1:-}" in
         exec "$VENV/bin/python" -m sphinx -W --keep-going -b html docs docs/_build/html
         ;;
     *)
-        echo "usage: ./dev.sh demo|test|docs [args]" >&2
+        echo "usage: ./dev.sh demo|test|test-all|docs [args]" >&2
         exit 2
         ;;
 esac

@@ -390,6 +390,17 @@ def session_options(threads: int = 0, spinning: bool = True) -> onnxruntime.Sess
     return runtime.session_options(threads, spinning)
 
 
+def _start_weights(model, converted, weight_names) -> tuple:
+    """The training dtype and the starting values of ``weight_names``: a
+    :class:`ConvertedTemplate`'s (``converted``) or the ONNX ``model``'s initializers."""
+    if converted is not None:
+        return converted.dtype, converted.named_values(weight_names)
+    from ._graph import model_dtype
+
+    inits = {i.name: i for i in model.graph.initializer}
+    return model_dtype(model), [onnx.numpy_helper.to_array(inits[n]) for n in weight_names]
+
+
 class TrainingEngine:
     """Weights, gradients and optimizer state of one fit, kept in the runtime.
 
@@ -472,15 +483,7 @@ class TrainingEngine:
         self.output_name = output_name
         self.optimizer = optimizer
         converted = model if hasattr(model, "skeleton") else None  # a ConvertedTemplate
-        if converted is not None:
-            self.dtype = converted.dtype
-            start = converted.named_values(self.weight_names)
-        else:
-            from ._graph import model_dtype
-
-            self.dtype = model_dtype(model)
-            inits = {i.name: i for i in model.graph.initializer}
-            start = [onnx.numpy_helper.to_array(inits[n]) for n in self.weight_names]
+        self.dtype, start = _start_weights(model, converted, self.weight_names)
         self.shapes = [w.shape for w in start]
         #: Whether the model has :data:`~onnxgrad_sklearn.runtime.LARGE_MODEL` weights or more.
         self.large = sum(w.size for w in start) >= runtime.LARGE_MODEL
@@ -490,24 +493,20 @@ class TrainingEngine:
         # What the graphs depend on: the structure (the converted template's key), the
         # loss and what feeds it, the penalty's terms, the update rule, the backend
         # asked for (and for "auto" whether the agent is there), the device.
-        parts = (
-            None if converted is None else converted.key,
-            output_name,
-            self.weight_names,
-            list(penalized),
-            int(n_outputs),
-            loss,
-            loss_input_key if loss_input is not None else None,
-            sorted(coefficients),
-            optimizer,
-            backend,
-            backends.agent_available() if backend == "auto" else None,
-            runtime.device_to_providers(device),
-        )
         key = None
-        if parts[0] is not None and (loss_input is None or loss_input_key is not None):
-            key = artifacts.stable_key("plan", parts)
-
+        if getattr(converted, "key", None) is not None and (
+            loss_input is None or loss_input_key is not None
+        ):
+            key = artifacts.stable_key(
+                "plan",
+                (
+                    converted.key, output_name, self.weight_names, list(penalized),
+                    int(n_outputs), loss, loss_input_key if loss_input is not None else None,
+                    sorted(coefficients), optimizer, backend,
+                    backends.agent_available() if backend == "auto" else None,
+                    runtime.device_to_providers(device),
+                ),
+            )  # fmt: skip
         training_mode = getattr(converted, "training", None)
         plan = self.plan = self._plan(
             key,

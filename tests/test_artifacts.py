@@ -61,6 +61,7 @@ def _entries(folder):
     return sorted(p.name for p in folder.iterdir() if p.name.endswith(artifacts.SUFFIX))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_fit_from_the_disk_cache_gives_the_weights_of_the_fit_that_built_it(tmp_path, backend):
     cache = tmp_path / "cache"
@@ -80,6 +81,7 @@ def test_a_fit_from_the_disk_cache_gives_the_weights_of_the_fit_that_built_it(tm
     assert _entries(cache) == names  # nothing new was written
 
 
+@pytest.mark.slow
 def test_three_processes_fill_the_cache_at_once(tmp_path):
     cache = tmp_path / "cache"
     code = textwrap.dedent(FIT.format(backend="standard"))
@@ -109,6 +111,7 @@ def test_three_processes_fill_the_cache_at_once(tmp_path):
     assert again["coefs"] == without["coefs"] and "skl2onnx" not in again["modules"]
 
 
+@pytest.mark.slow
 def test_a_truncated_entry_is_rebuilt_with_a_logged_warning(tmp_path, caplog):
     cache = tmp_path / "cache"
     built = _fit_in_process(cache)
@@ -127,6 +130,7 @@ def test_a_truncated_entry_is_rebuilt_with_a_logged_warning(tmp_path, caplog):
         assert artifacts._read(path, path.name[: -len(artifacts.SUFFIX)]) is not None
 
 
+@pytest.mark.slow
 def test_an_empty_cache_variable_writes_nothing_anywhere(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
@@ -264,6 +268,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_binary_linear_classifier_fits_and_predicts_without_skl2onnx(tmp_path, backend):
     def run(cache):

@@ -719,6 +719,7 @@ print(json.dumps({"peak_mb": peak / 1024, "set": runtime._malloc_threshold,
     not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
     reason="the allocator setting is glibc's",
 )
+@pytest.mark.slow
 def test_refits_of_a_large_model_peak_lower_with_the_allocator_setting():
     """Three warm-start fits of a 4.4M-weight MLP, with glibc's moving mmap threshold and
     with the package's fixed one. Peak RSS above the RSS before the fits, measured: 543 MB

@@ -55,11 +55,13 @@ def _frameworks(dtype="float32"):
     return fws
 
 
+@pytest.mark.slow
 def test_quick_run_exits_cleanly(quick_run):
     _, proc = quick_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_json_has_every_workload_and_framework(doc):
     assert doc["meta"]["mode"] == "quick"
     assert doc["meta"]["uptime_start"] is None or "load average" in doc["meta"]["uptime_start"]
@@ -77,6 +79,7 @@ def test_json_has_every_workload_and_framework(doc):
             assert _positive_finite(ratios["standard_over_agent"])
 
 
+@pytest.mark.slow
 def test_floor_column_in_json(doc):
     """The NumPy floor runs on every epoch workload, in a process without any framework."""
     for name in WORKLOADS:
@@ -98,6 +101,7 @@ def test_floor_column_in_json(doc):
         assert "floor" not in doc["fits"][name]["frameworks"]
 
 
+@pytest.mark.slow
 def test_floor_column_in_report(quick_run, doc):
     _, proc = quick_run
     label = "NumPy floor (matrix products and activations only)"
@@ -111,6 +115,7 @@ def test_floor_column_in_report(quick_run, doc):
     assert "not a framework, a floor" in proc.stdout
 
 
+@pytest.mark.slow
 def test_small_data_fits_are_measured(doc):
     assert set(FITS) <= set(doc["fits"])
     for name in FITS:
@@ -121,6 +126,7 @@ def test_small_data_fits_are_measured(doc):
         assert _positive_finite(entry["ratios"]["standard_over_sklearn"])
 
 
+@pytest.mark.slow
 def test_daily_use_rows(doc):
     daily = doc["daily_use"]
     ort = daily["predict"]["ort"]
@@ -136,6 +142,7 @@ def test_daily_use_rows(doc):
     assert _positive_finite(standard["import_s"]) and _positive_finite(standard["first_fit_s"])
 
 
+@pytest.mark.slow
 def test_memory_scaling_is_measured(doc):
     for fw in ("standard", "agent") if _have_agent() else ("standard",):
         entry = doc["memory_scaling"]["frameworks"][fw]
@@ -149,6 +156,7 @@ def test_memory_scaling_is_measured(doc):
     assert target["measured"] == doc["memory_scaling"]["frameworks"]["standard"]["slope"]
 
 
+@pytest.mark.slow
 def test_targets_name_their_issue(doc):
     assert {t["issue"] for t in doc["targets"]} == {18, 20}
     for t in doc["targets"]:
@@ -156,6 +164,7 @@ def test_targets_name_their_issue(doc):
         assert t["met"] is None or _positive_finite(abs(t["measured"]) + 1)
 
 
+@pytest.mark.slow
 def test_png_is_written(quick_run):
     out, proc = quick_run
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -290,6 +299,7 @@ def cold_start():
         return json.load(f), proc
 
 
+@pytest.mark.slow
 def test_cold_start_meta(cold_start):
     doc, proc = cold_start
     meta = doc["meta"]
@@ -300,6 +310,7 @@ def test_cold_start_meta(cold_start):
     assert "### Python" in proc.stdout and "| target (issue 30) |" in proc.stdout
 
 
+@pytest.mark.slow
 def test_cold_start_every_part_is_measured(cold_start):
     doc, _ = cold_start
     entry = doc["interpreters"][sys.executable]
@@ -332,6 +343,7 @@ def test_cold_start_every_part_is_measured(cold_start):
         assert _positive_finite(standard["empty_cache"]["first_model_s"])
 
 
+@pytest.mark.slow
 def test_cold_start_targets(cold_start):
     doc, _ = cold_start
     targets = doc["interpreters"][sys.executable]["targets"]
@@ -362,6 +374,7 @@ def dask_cluster():
         return json.load(f), proc
 
 
+@pytest.mark.slow
 def test_dask_cluster_meta(dask_cluster):
     doc, proc = dask_cluster
     meta = doc["meta"]
@@ -376,6 +389,7 @@ def test_dask_cluster_meta(dask_cluster):
     assert "| target (issue 31) |" in proc.stdout
 
 
+@pytest.mark.slow
 def test_dask_cluster_parts_are_measured(dask_cluster):
     doc, _ = dask_cluster
     parts = doc["parts"]
@@ -406,6 +420,7 @@ def test_dask_cluster_parts_are_measured(dask_cluster):
         assert _positive_finite(minibatch["runs"][name]["loss"]), name
 
 
+@pytest.mark.slow
 def test_dask_cluster_targets(dask_cluster):
     doc, _ = dask_cluster
     targets = [t for part in doc["parts"].values() for t in part["targets"]]
@@ -429,6 +444,7 @@ def callbacks_run():
         return json.load(f)
 
 
+@pytest.mark.slow
 def test_callbacks_every_case_and_column_is_measured(callbacks_run):
     meta, cases = callbacks_run["meta"], callbacks_run["cases"]
     assert meta["quick"] is True and meta["repeats"] == 1 and meta["commit"]

@@ -187,6 +187,7 @@ KILLED_IN_A_WORKER = SETUP + textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_search_on_two_workers_killed_mid_fit_goes_on_where_it_stopped(tmp_path):
     """SIGKILL of the search's process while its loky workers train: the search run
     again (the same arguments, two workers) trains only what the first left."""

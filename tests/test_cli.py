@@ -102,6 +102,7 @@ def data(tmp_path_factory):
 
 
 # subprocesses: the command as users run it ------------------------------------
+@pytest.mark.slow
 def test_fit_regression_writes_onnx_png_and_metrics(data):
     pytest.importorskip("matplotlib")  # the PNG
     result = run_cli(
@@ -149,6 +150,7 @@ def test_fit_regression_writes_onnx_png_and_metrics(data):
     assert np.all(np.isfinite(pred))
 
 
+@pytest.mark.slow
 def test_fit_classification_with_string_labels(data):
     result = run_cli(
         "fit",
@@ -199,6 +201,7 @@ def test_missing_file_is_one_line_exit_2(data):
     )
 
 
+@pytest.mark.slow
 def test_fine_tune_pickled_mlp(data):
     frame = pd.read_csv(data / "reg.csv")
     X, y = frame[FEATURES].to_numpy(), frame["price"].to_numpy()
@@ -316,6 +319,7 @@ def test_fit_saves_estimator_with_target_scaling(data, saved):
     assert [o.name for o in onnx.load(folder / "price.onnx").graph.output] == ["variable"]
 
 
+@pytest.mark.slow
 def test_predict_from_onnx_and_skops_by_column_name(data, saved):
     folder, _ = saved
     frame = pd.read_csv(data / "reg.csv")
@@ -356,6 +360,7 @@ def test_predict_missing_column_is_one_line_exit_2(data, saved):
     assert result.stdout == ""
 
 
+@pytest.mark.slow
 def test_fine_tune_saved_estimator_with_init(data, saved):
     folder, _ = saved
     result = run_cli(
@@ -390,6 +395,7 @@ def test_fine_tune_saved_estimator_with_init(data, saved):
     np.testing.assert_allclose(tuned.predict(X), after.ravel(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_quantile_flag_moves_the_share_below(data):
     # a noisy target, so that its quantiles are far apart
     rng = np.random.RandomState(1)
@@ -488,6 +494,7 @@ def text_data(data):
     return frame
 
 
+@pytest.mark.slow
 def test_text_columns_one_hot_encoded_inside_the_model(data, text_data):
     """fit encodes 'city' in the model, the ONNX model takes the raw columns by name,
     predict gives the same from the ONNX file and from the saved estimator, and a
@@ -566,6 +573,7 @@ def test_text_columns_one_hot_encoded_inside_the_model(data, text_data):
     assert 0 < np.max(np.abs(tuned - onnx_pred)) < 1e-3
 
 
+@pytest.mark.slow
 def test_text_columns_classifier_in_float64(data, text_data):
     pytest.importorskip("skops")
     result = run_cli(

@@ -115,6 +115,7 @@ print(json.dumps(result))
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_fit_imports_neither_onnxruntime_training_nor_torch(backend):
     result = _fit(backend, blocked=False)
@@ -186,6 +187,7 @@ def _user_import(after_bindings: bool) -> dict:
     return _run("import json\n" + (package if after_bindings else plain) + USER_IMPORT)
 
 
+@pytest.mark.slow
 def test_user_import_of_onnxruntime_training_still_works():
     plain = _user_import(after_bindings=False)
     if not plain["ok"]:

@@ -53,6 +53,7 @@ def html(build):
     return build[0]
 
 
+@pytest.mark.slow
 def test_docs_build_without_warnings(html):
     assert (html / "index.html").is_file()
 

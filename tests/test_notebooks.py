@@ -30,6 +30,7 @@ def test_notebook_is_stored_without_outputs(path):
             assert cell.execution_count is None, f"cell {number} of {path.name} was run"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_without_errors(path, tmp_path):
     notebook = nbformat.read(path, as_version=4)

@@ -122,6 +122,7 @@ def test_license_in_sdist_and_wheel(built):
     assert not any(n.startswith(("tests/", "log")) for n in names)
 
 
+@pytest.mark.slow
 def test_installed_wheel_runs_the_command(built):
     folder, _, wheel = built
     venv = _fresh_environment(folder)

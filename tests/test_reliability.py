@@ -329,6 +329,7 @@ def test_predict_from_several_threads_on_one_estimator():
         np.testing.assert_array_equal(r, expected)
 
 
+@pytest.mark.slow
 def test_garbage_collection_between_batches_changes_nothing(monkeypatch):
     X, y = _data("regressor", n=120)
     params = dict(
@@ -394,6 +395,7 @@ def _cases(draw):
     return kind, X, y
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 @given(case=_cases())
 def test_fuzzed_inputs_never_abort_the_process(case):

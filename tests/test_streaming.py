@@ -114,6 +114,7 @@ def test_generated_csv_reads_back():
     assert frame.y.std() > 0.01
 
 
+@pytest.mark.slow
 def test_stream_a_csv_larger_than_the_memory_it_may_use(tmp_path):
     path = tmp_path / "large.csv"
     write_csv(path, N_ROWS, N_FEATURES)

@@ -78,6 +78,7 @@ def test_omp_num_threads_1_gives_every_session_one_thread():
         assert set(result[backend]) == {1}, (backend, result[backend])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(cpu_count() < 2, reason="needs 2 CPUs to tell the settings apart")
 def test_an_explicit_n_jobs_reaches_the_training_and_inference_sessions():
     result = _sessions_threads(None, n_jobs="2")
