@@ -434,6 +434,41 @@ def constant_input(model: onnx.ModelProto, name: str, value: np.ndarray) -> None
     graph.initializer.append(onnx.numpy_helper.from_array(value, name))
 
 
+def piece_gradients(model: onnx.ModelProto, adjoints, spans, prefix: str) -> dict[str, str]:
+    """Add to ``model`` each piece of the gradients ``adjoints`` as a vector, in place.
+
+    ``spans``: ``(weight, offset, length)`` of each piece
+    (:func:`~onnxgrad_sklearn.backends.buffers.pieces`). A weight in one piece is its
+    gradient reshaped (no copy), else each piece a slice of it. Returns the inputs
+    ``grad_<j>`` of an update graph with one "weight" per piece (:func:`merge_update`'s
+    ``connect``), connected to them; the new names start with ``prefix``.
+    """
+    graph = model.graph
+
+    def constant(name, values):
+        graph.initializer.append(onnx.numpy_helper.from_array(np.array(values, np.int64), name))
+        return name
+
+    minus_one = constant(prefix + "pieces_flat", [-1])
+    zero = constant(prefix + "pieces_axis", [0])
+    connect, flats = {}, {}
+    whole = {i for i, s, _ in spans if s == 0} - {i for i, s, _ in spans if s > 0}
+    for j, (i, start, n) in enumerate(spans):
+        if i not in flats:
+            flats[i] = f"{prefix}{adjoints[i]}_flat"
+            graph.node.append(
+                onnx.helper.make_node("Reshape", [adjoints[i], minus_one], [flats[i]])
+            )
+        if i in whole:
+            connect[f"grad_{j}"] = flats[i]
+            continue
+        name = f"{prefix}piece_{j}"
+        bounds = [constant(f"{name}_{b}", [v]) for b, v in (("start", start), ("end", start + n))]
+        graph.node.append(onnx.helper.make_node("Slice", [flats[i], *bounds, zero], [name]))
+        connect[f"grad_{j}"] = name
+    return connect
+
+
 def merge_update(
     model: onnx.ModelProto,
     update: onnx.ModelProto,

@@ -565,7 +565,7 @@ def test_a_large_models_update_by_pieces_is_the_flat_update(optimizer, monkeypat
     for chunk in (0, 100, standard.STEP_UPDATE_CHUNK):  # 0: one flat update
         monkeypatch.setattr(standard, "STEP_UPDATE_CHUNK", chunk)
         est = OrtGradientRegressor(
-            MLPRegressor(hidden_layer_sizes=(40,)), optimizer=optimizer, backend="standard",
+            MLPRegressor(hidden_layer_sizes=(40, 20)), optimizer=optimizer, backend="standard",
             max_iter=3, batch_size=16, random_state=0,
         ).fit(X, y)  # fmt: skip
         backend = est._engine._backend
@@ -573,7 +573,9 @@ def test_a_large_models_update_by_pieces_is_the_flat_update(optimizer, monkeypat
         guard = backend._step_graph(32, 1)[0].graph.node[-1]
         ops = {n.op_type for a in guard.attribute if a.name == "then_branch" for n in a.g.node}
         assert ("Concat" in ops) == (chunk == 0)  # the flat update concatenates
-        assert ("Slice" in ops) == (chunk == 100)  # pieces inside weights
+        # pieces inside weights, two weights cut (onnxruntime's GatherSliceToSplitFusion
+        # made that an invalid model: PIECES_DISABLED_OPTIMIZERS)
+        assert ("Slice" in ops) == (chunk == 100)
         fits.append(est)
     for est in fits[1:]:
         assert est.loss_curve_ == fits[0].loss_curve_

@@ -40,6 +40,16 @@ def _same_fits(a, b):
     assert a.loss_curve_ == b.loss_curve_
 
 
+def _per_weight(name):
+    """The optimizer ``name`` as a rule that is not element-wise: the agent runs it in a
+    session of its own after the backward run, weight by weight."""
+    from onnxgrad_sklearn.optim import get_optimizer
+
+    rule = get_optimizer(name)
+    per_weight = type(f"PerWeight{type(rule).__name__}", (type(rule),), {"elementwise": False})
+    return per_weight(**rule.get_params())
+
+
 @pytest.mark.parametrize("optimizer", ["nesterov", "adam", "sgd"])
 def test_update_in_the_backward_run_is_the_update_session(monkeypatch, optimizer):
     """The update appended to the TrainingAgent's gradient graph (one run for the
@@ -49,9 +59,9 @@ def test_update_in_the_backward_run_is_the_update_session(monkeypatch, optimizer
     fused = _fit(optimizer)
     assert fused._engine._backend._fused is not None
     assert fused._engine._backend._update is None  # no update session made
-    monkeypatch.setattr(agent, "fuse_update", lambda *a: None)
-    separate = _fit(optimizer)
+    separate = _fit(_per_weight(optimizer))
     assert separate._engine._backend._fused is None
+    assert separate._engine._backend._update is not None
     _same_fits(fused, separate)
 
 
@@ -68,16 +78,17 @@ def test_backward_run_checks_what_it_writes_into():
 
 @pytest.mark.parametrize("optimizer", ["nesterov", "adam", "sgd"])
 def test_chunked_update_is_the_flat_update(monkeypatch, optimizer):
-    """The update by pieces gives the very weights and losses of one flat call."""
-    no_artifacts(monkeypatch, kept=False)  # the second fit builds the unfused graphs
+    """The update by pieces in the backward run (a large model's) gives the very
+    weights and losses of one flat update."""
+    no_artifacts(monkeypatch, kept=False)  # the second fit builds its graphs again
     flat = _fit(optimizer)
-    calls = []
-    run = agent._ChunkedUpdate.run
+    assert flat._engine._backend.plan.meta["pieces"] is None
     monkeypatch.setattr(agent, "CHUNKED_UPDATE_FROM", 0)
     monkeypatch.setattr(agent, "UPDATE_CHUNK", 100)  # pieces across and inside weights
-    monkeypatch.setattr(agent._ChunkedUpdate, "run", lambda *a: calls.append(1) or run(*a))
     chunked = _fit(optimizer)
-    assert calls
+    spans = chunked._engine._backend.plan.meta["pieces"]
+    assert any(start > 0 for _, start, _ in spans)  # a weight cut into pieces
+    assert any(start == 0 and n < 100 for _, start, n in spans)  # a weight in one piece
     _same_fits(flat, chunked)
 
 

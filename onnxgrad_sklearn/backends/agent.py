@@ -36,7 +36,6 @@ from ..runtime import (
     LARGE_MODEL,
     SESSIONS,
     OrtValue,
-    bindings,
     device_to_providers,
     options_key,
     ort_device,
@@ -48,7 +47,7 @@ from ..runtime import (
     to_ortvalue,
 )
 from .base import Backend, shared_session
-from .buffers import BoundRun, DoubleBuffers, bind_address, pieces
+from .buffers import PIECES_DISABLED_OPTIMIZERS, UPDATE_PIECE, DoubleBuffers, pieces
 
 # imported on first use: a fit whose plan is cached parses no graph
 onnx = lazy("onnx")
@@ -81,17 +80,17 @@ logger = logging.getLogger("onnxgrad_sklearn")
 
 OrtValueVector = _C.OrtValueVector
 
-#: From this many weights on, the flat update runs over pieces of at most
-#: :data:`UPDATE_CHUNK` elements (one session call each, bound by address) instead of
-#: one call over the whole vector: the update's temporaries (the gradients
-#: concatenated, ``learning_rate * grad``, ``momentum * velocity``...) are then the
-#: size of a piece, not of the model. onnxruntime's arena grows by powers of two,
-#: so those of the whole vector held about 9 times the weights' size on a
-#: 100-2048-2048-1 MLP (docs/performance.md, "Memory"). Same values: the rule is
-#: element-wise. Small models keep one call (a call costs tens of microseconds).
+#: From this many weights on, the update in the backward run goes over pieces of at
+#: most :data:`UPDATE_CHUNK` elements (:func:`fuse_update`) instead of the whole
+#: vector: the update's temporaries (the gradients concatenated, ``learning_rate *
+#: grad``, ``momentum * velocity``...) are then the size of a piece, not of the
+#: model. onnxruntime's arena grows by powers of two, so those of the whole vector
+#: held about 9 times the weights' size on a 100-2048-2048-1 MLP (docs/performance.md,
+#: "Memory"). Same values: the rule is element-wise. Small models keep one flat
+#: update (a node per piece costs microseconds).
 CHUNKED_UPDATE_FROM = LARGE_MODEL
-#: Elements of a piece of the chunked update (4 MB in float32).
-UPDATE_CHUNK = 1 << 20
+#: Elements of a piece of the update by pieces.
+UPDATE_CHUNK = UPDATE_PIECE
 
 
 def _vector(values: Sequence[OrtValue]) -> OrtValueVector:
@@ -145,6 +144,7 @@ class TrainingAgent:
         device_index: int = 0,
         session_options: onnxruntime.SessionOptions | None = None,
         provider_options: Sequence[dict] | None = None,
+        disabled_optimizers: Sequence[str] | None = None,
     ):
         providers = list(providers)
         self.session = onnxruntime.InferenceSession(
@@ -152,6 +152,7 @@ class TrainingAgent:
             sess_options=session_options,
             providers=providers,
             provider_options=provider_options,
+            disabled_optimizers=list(disabled_optimizers) if disabled_optimizers else None,
         )
         release_model_bytes(self.session)
         device = ort_device(providers[0], device_index)
@@ -498,6 +499,8 @@ class OrtGradientForwardBackward:
             device_index=self.device_index,
             session_options=self._session_options,
             provider_options=self.provider_options,
+            # the update by pieces: its slices not fused into one Split (see standard)
+            disabled_optimizers=PIECES_DISABLED_OPTIMIZERS if meta.get("pieces") else None,
         )
 
     def release(self) -> None:
@@ -606,11 +609,11 @@ class AgentBackend(Backend):
     :class:`OrtGradientForwardBackward` runs forward and backward. On CPU an
     element-wise rule updates one flat vector per set of
     :class:`~onnxgrad_sklearn.backends.buffers.DoubleBuffers` (nothing allocated
-    per batch, a free undo): in the backward run itself, the update appended to the
-    gradient graph (:func:`fuse_update`), or for a large model
-    (:data:`CHUNKED_UPDATE_FROM`) by pieces in a session of its own. Otherwise the
-    optimizer's update graph runs in a second session and returns new values per
-    weight. See :class:`~onnxgrad_sklearn.backends.Backend` for the parameters.
+    per batch, a free undo) in the backward run itself, the update appended to the
+    gradient graph (:func:`fuse_update`; by pieces for a large model,
+    :data:`CHUNKED_UPDATE_FROM`). Otherwise the optimizer's update graph runs in a
+    second session and returns new values per weight. See
+    :class:`~onnxgrad_sklearn.backends.Backend` for the parameters.
     """
 
     name = "agent"
@@ -639,38 +642,17 @@ class AgentBackend(Backend):
         self._lr = to_ortvalue(np.array(0.0, dtype=np.float32), self.device)
         self._previous = None
         self._flat = None
-        self._chunked = None
         self._fused = None
         self._update = None
-        if not meta.get("fused"):
+        if flat:  # the update in the backward run
+            self._flat = DoubleBuffers(self.shapes, len(optimizer.state_names))
+            self._flat.write(0, start)
+            self._fused = _FusedUpdate(meta, optimizer, self._flat, self._lr, self._one)
+        else:
             # The update session runs on one thread: a second pool of threads competes
             # with the training session's (benchmarks/README.md).
             self._update = self.session("update.onnx", options=self.update_options)
             self._update_inputs = [i.name for i in self._update.get_inputs()]
-        if flat:
-            self._flat = DoubleBuffers(self.shapes, len(optimizer.state_names))
-            self._flat.write(0, start)
-            if meta.get("fused"):
-                self._fused = _FusedUpdate(
-                    meta, optimizer, self.shapes, self._flat, self._lr, self._one
-                )
-            else:
-                names = ["param", *optimizer.state_names]
-                vectors = self._flat.vectors
-                self._runs = [
-                    BoundRun(
-                        self._update,
-                        {"learning_rate": self._lr, **dict(zip(names, vectors[p]))},
-                        {f"new_{n}": v for n, v in zip(names, vectors[1 - p])},
-                    )
-                    for p in (0, 1)
-                ]
-                self._grad_names = [f"grad_{i}" for i in range(len(self.shapes))]
-            if self._fused is None and self.n_weights >= CHUNKED_UPDATE_FROM:
-                self._chunked = _ChunkedUpdate(
-                    optimizer, self.shapes, self._flat, self._lr, self.update_options
-                )
-        else:
             self._weights = [to_ortvalue(np.asarray(w, np.float32), self.device) for w in start]
             self._state = [[] for _ in start]
         self.reset_optimizer()
@@ -683,12 +665,13 @@ class AgentBackend(Backend):
         element-wise rule)."""
         blobs, meta = OrtGradientForwardBackward.build(training, weight_names)
         flat = device == "cpu" and bool(optimizer.elementwise)
-        update = optimizer.build_update_model([tuple(s) for s in shapes], flat=flat)
-        blobs["update.onnx"] = update.SerializeToString()
         meta["flat"] = flat
-        meta["fused"] = False
-        if flat and sum(math.prod(s) for s in shapes) < CHUNKED_UPDATE_FROM:
-            fuse_update(blobs, meta, update)
+        if flat:
+            large = sum(math.prod(s) for s in shapes) >= CHUNKED_UPDATE_FROM
+            fuse_update(blobs, meta, optimizer, shapes, UPDATE_CHUNK if large else None)
+        else:
+            update = optimizer.build_update_model([tuple(s) for s in shapes])
+            blobs["update.onnx"] = update.SerializeToString()
         return blobs, meta
 
     def release_sessions(self) -> None:
@@ -767,6 +750,7 @@ class AgentBackend(Backend):
     def train_batch(self, X, y, sample_weight, learning_rate):
         if self._fused is not None:
             return self._train_fused(X, y, sample_weight, learning_rate)
+        # the update in a session of its own, new values per weight
         fb = self.forward_backward
         outputs, state = fb.forward(
             [self._feed(X), self._feed(y), self._feed(sample_weight), *self._constant_feeds],
@@ -776,22 +760,11 @@ class AgentBackend(Backend):
         if not np.isfinite(loss):
             return loss  # no update: the caller decides what to do
         grads = fb.backward([self._one], state)
-        flat = self._flat
-        # What undo_last_step goes back to, without a copy: the update either
-        # returns new values (the previous ones stay valid) or writes the other
-        # set of buffers (the set it reads stays as it is until the next update).
-        previous = self.checkpoint() if flat is None else (flat.current, self.step)
+        # What undo_last_step goes back to, without a copy: the update returns new
+        # values, the previous ones stay valid.
+        previous = self.checkpoint()
         lr = self.optimizer.step_learning_rate(learning_rate, self.step + 1)
         self._lr.update_inplace(np.array(lr, dtype=np.float32))
-        # The update's results are taken in one assignment, without a call between its
-        # parts: a KeyboardInterrupt (raised at a call) finds the step applied or not.
-        if flat is not None:
-            if self._chunked is not None:
-                self._chunked.run(flat.current, grads)
-            else:
-                self._runs[flat.current].run(dict(zip(self._grad_names, grads)))
-            self._previous, self.step, flat.current = previous, self.step + 1, 1 - flat.current
-            return loss
         feeds = [self._lr]
         for w, gr, st in zip(self._weights, grads, self._state):
             feeds.append(w)
@@ -802,6 +775,8 @@ class AgentBackend(Backend):
         n = len(self._weights)
         weights = [results[i * k] for i in range(n)]
         state = [results[i * k + 1 : (i + 1) * k] for i in range(n)]
+        # The update's results are taken in one assignment, without a call between its
+        # parts: a KeyboardInterrupt (raised at a call) finds the step applied or not.
         self._previous, self.step, self._weights, self._state = (
             previous,
             self.step + 1,
@@ -867,31 +842,38 @@ class AgentBackend(Backend):
         return loss, [g.numpy().copy() for g in grads]
 
 
-def fuse_update(blobs: dict, meta: dict, update) -> None:
-    """Append the flat update graph ``update`` to the gradient graph of ``blobs``, in place.
+def fuse_update(blobs: dict, meta: dict, optimizer, shapes, chunk=None) -> None:
+    """Append the optimizer's element-wise update to the gradient graph of ``blobs``, in place.
 
-    The backward run then updates the weights as well: its outputs are
-    ``update/new_param`` and ``update/new_<state>`` (the update's, all weights end to
-    end), then the gradients as before; the update's other inputs
-    (``update/learning_rate``, ``update/param``, ``update/<state>``) follow the weights
-    in the forward run's feeds. ``meta`` gains their names (``"update_feeds"``) and the
-    number of the update's outputs (``"update_fetches"``), and ``"fused"`` is True.
-    One run for the backward pass and the update instead of two: a separate update
-    session cost about 220 us a step at batch 32, on a step of about 650 us
-    (docs/performance.md).
+    The backward run then updates the weights as well: its outputs are the update's
+    (``update/new_param`` and ``update/new_<state>``, all weights end to end; with
+    ``chunk``, ``update/new_param_<j>`` and ``update/new_<state>_<j>`` for each piece
+    ``j`` of at most ``chunk`` elements, :func:`~onnxgrad_sklearn.backends.buffers.pieces`),
+    then the gradients as before; the update's other inputs (``update/learning_rate``,
+    ``update/param``, ``update/<state>``, or per piece) follow the weights in the
+    forward run's feeds. ``meta`` gains their names (``"update_feeds"``), the update's
+    outputs (``"update_outputs"``) and the pieces (``"pieces"``, or None). One run for
+    the backward pass and the update instead of two: a separate update session cost
+    about 220 us a step at batch 32, on a step of about 650 us (docs/performance.md).
     """
-    from .._passes import merge_update
+    from .._passes import merge_update, piece_gradients
 
     model = onnx.load_from_string(blobs["gradient.onnx"])
     gradients = list(model.graph.output)
-    connect = {f"grad_{i}": g.name for i, g in enumerate(gradients)}
+    spans = pieces(shapes, chunk) if chunk else None
+    if spans:  # each piece a weight of its own to the rule
+        update = optimizer.build_update_model([(n,) for _, _, n in spans])
+        connect = piece_gradients(model, [g.name for g in gradients], spans, prefix=UPDATE)
+    else:
+        update = optimizer.build_update_model([tuple(s) for s in shapes], flat=True)
+        connect = {f"grad_{i}": g.name for i, g in enumerate(gradients)}
     del model.graph.output[:]
     known = {i.name for i in model.graph.input}
     merge_update(model, update, connect, prefix=UPDATE)
+    meta["update_outputs"] = [o.name for o in model.graph.output]
     model.graph.output.extend(gradients)
     meta["update_feeds"] = [i.name for i in model.graph.input if i.name not in known]
-    meta["update_fetches"] = len(update.graph.output)
-    meta["fused"] = True
+    meta["pieces"] = [list(span) for span in spans] if spans else None
     meta["fw_feed_names"] = [i.name for i in model.graph.input]
     meta["bw_fetches_names"] = [o.name for o in model.graph.output]
     blobs["gradient.onnx"] = model.SerializeToString()
@@ -904,89 +886,51 @@ class _FusedUpdate:
 
     ``feeds[p]``: the update's inputs after the weights when set ``p`` holds the
     weights (the learning rate, then the weights and each state as vectors of set
-    ``p``); ``into[p]``: the backward run's outputs, the new weights and state in
-    the other set, then the gradients in buffers of their own (views of one vector),
-    as the runtime takes them (an ``OrtValueVector``, made once).
+    ``p``, or their pieces); ``into[p]``: the backward run's outputs, the new weights
+    and state in the other set, then the gradients in buffers of their own (views of
+    one vector), as the runtime takes them (an ``OrtValueVector``, made once).
     """
 
-    def __init__(self, meta, optimizer, shapes, flat: DoubleBuffers, lr, one):
-        names = [f"{UPDATE}{n}" for n in ("param", *optimizer.state_names)]
-        vectors = flat.vectors
-        self.feeds = []
-        for p in (0, 1):
-            known = {f"{UPDATE}learning_rate": lr, **dict(zip(names, vectors[p]))}
-            self.feeds.append([known[name] for name in meta["update_feeds"]])
-        self.n_update = int(meta["update_fetches"])
+    def __init__(self, meta, optimizer, flat: DoubleBuffers, lr, one):
+        names = ("param", *optimizer.state_names)
+        spans = meta.get("pieces")
+        views = flat.piece_views(spans) if spans else None
+
+        def values(p, prefix):
+            """The vectors of set ``p`` (or their pieces) by their name in the graph."""
+            if views is None:
+                return {f"{UPDATE}{prefix}{n}": v for n, v in zip(names, flat.vectors[p])}
+            return {
+                f"{UPDATE}{prefix}{n}_{j}": v
+                for n, pieces_of in zip(names, views[p])
+                for j, v in enumerate(pieces_of)
+            }
+
+        self.feeds, self.into = [], []
+        self.n_update = len(meta["update_outputs"])
         self._gradient = np.zeros(flat.size, dtype=flat.dtype)
-        offsets = np.cumsum([0, *[math.prod(s) for s in shapes]])
+        offsets = np.cumsum([0, *[math.prod(w.shape) for w in flat.views[0][0]]])
         self.gradients = [
-            ortvalue_view(self._gradient[a:b].reshape(s))
-            for a, b, s in zip(offsets[:-1], offsets[1:], shapes)
+            ortvalue_view(self._gradient[a:b].reshape(w.shape))
+            for a, b, w in zip(offsets[:-1], offsets[1:], flat.views[0][0])
         ]
-        self.into = [_vector([*vectors[1 - p], *self.gradients]) for p in (0, 1)]
+        for p in (0, 1):
+            known = {f"{UPDATE}learning_rate": lr, **values(p, "")}
+            self.feeds.append([known[name] for name in meta["update_feeds"]])
+            written = values(1 - p, "new_")
+            self.into.append(
+                _vector([*(written[n] for n in meta["update_outputs"]), *self.gradients])
+            )
         self.one = _vector([one])
         #: the forward feeds of the last batches' arrays (``AgentBackend._train_fused``)
         self.cached_feeds = {}
-        self._flat, self._scratch = flat, None
+        self._scratch = None
 
     def scratch(self) -> list:
         """What a backward run that must change no weight writes into: buffers of the
         update's outputs of their own (made at the first call), then the gradients'."""
         if self._scratch is None:
-            self._arrays = [
-                np.zeros(self._flat.size, self._flat.dtype) for _ in range(self.n_update)
-            ]
+            shapes = [self.into[0][k].shape() for k in range(self.n_update)]
+            self._arrays = [np.zeros(shape, self._gradient.dtype) for shape in shapes]
             self._scratch = [*(ortvalue_view(a) for a in self._arrays), *self.gradients]
         return self._scratch
-
-
-class _ChunkedUpdate:
-    """The flat update of :class:`AgentBackend` by pieces (:data:`CHUNKED_UPDATE_FROM`).
-
-    One session of the optimizer's update graph for a vector of any length
-    (``learning_rate``, ``param_0``, ``grad_0`` and the states in, the new values
-    out); each piece of each weight is a call of it, its inputs and outputs bound
-    by address: the weights and states in the two sets of
-    :class:`~onnxgrad_sklearn.backends.buffers.DoubleBuffers`, the gradient in the
-    ``OrtValue`` the backward pass returned. The temporaries are a piece's.
-    """
-
-    def __init__(self, optimizer, shapes, flat: DoubleBuffers, lr, options, chunk=None):
-        from ..runtime import make_session
-
-        chunk = int(chunk or UPDATE_CHUNK)
-        self._flat = flat
-        names = ["param", *optimizer.state_names]
-        # float32 (the agent's type): an optimizer of its own may not take a dtype
-        model = optimizer.build_update_model([("n",)])
-        self._session = make_session(model, options, ["CPUExecutionProvider"])
-        self._run_options = onnxruntime.RunOptions()
-        self._device = ort_device("CPUExecutionProvider", 0)
-        itemsize = flat.dtype.itemsize
-        #: (weight, offset in the weight, length) of each piece
-        self.pieces = pieces(shapes, chunk)
-        offsets = np.cumsum([0, *[int(np.prod(shape)) for shape in shapes]])
-        # one binding per piece and parity: the weights and states bound once
-        self._bindings = [[], []]
-        for p in (0, 1):
-            for i, start, n in self.pieces:
-                binding = bindings().SessionIOBinding(self._session._sess)
-                binding.bind_ortvalue_input("learning_rate", lr)
-                at = (int(offsets[i]) + start) * itemsize
-                for k, name in enumerate(names):
-                    read = flat.arrays[p][k].__array_interface__["data"][0] + at
-                    write = flat.arrays[1 - p][k].__array_interface__["data"][0] + at
-                    self._bind(binding, f"{name}_0", [n], read)
-                    self._bind(binding, f"new_{name}_0", [n], write, output=True)
-                self._bindings[p].append(binding)
-        self._itemsize = itemsize
-
-    def _bind(self, binding, name, shape, address, output=False):
-        bind_address(binding, name, self._device, self._flat.dtype, shape, address, output)
-
-    def run(self, parity: int, grads) -> None:
-        """Update set ``parity`` into the other one with the gradients ``grads``."""
-        run, options = self._session._sess.run_with_iobinding, self._run_options
-        for binding, (i, start, n) in zip(self._bindings[parity], self.pieces):
-            self._bind(binding, "grad_0", [n], grads[i].data_ptr() + start * self._itemsize)
-            run(binding, options)

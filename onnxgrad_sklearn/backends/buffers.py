@@ -1,14 +1,17 @@
 """The training buffers of the backends: weights and optimizer state bound to sessions.
 
 * :class:`BoundRun`: calls of one session through the runtime's IO binding, its
-  outputs written into given ``OrtValue`` objects (the agent backend's update);
+  outputs written into given ``OrtValue`` objects (a name of
+  :mod:`onnxgrad_sklearn.ortgrad`; the backends run their updates in their steps'
+  graphs now);
 * :class:`DoubleBuffers`: the weights and optimizer state in sets of flat vectors
   an update alternates between, with zero-copy per-tensor views (CPU);
 * :class:`DeviceBuffers`: the same in runtime memory on any device, each weight
   bound by address (:func:`bind_address`; the standard backend on CUDA).
 
 Only the backends (:mod:`onnxgrad_sklearn.backends.agent`,
-:mod:`onnxgrad_sklearn.backends.standard`) use them; the runtime helpers they
+:mod:`onnxgrad_sklearn.backends.standard`) use the buffers, and :func:`pieces` for the
+update by pieces of a large model; the runtime helpers they
 build on (``OrtValue`` views, devices) are :mod:`onnxgrad_sklearn.runtime`'s.
 """
 
@@ -31,9 +34,21 @@ __all__ = [
     "BoundRun",
     "DeviceBuffers",
     "DoubleBuffers",
+    "PIECES_DISABLED_OPTIMIZERS",
+    "UPDATE_PIECE",
     "bind_address",
     "pieces",
 ]
+
+
+#: Elements of a piece of an update by pieces (1 MB in float32): both backends update a
+#: model of a million weights or more by pieces of this size, in their step's graph.
+UPDATE_PIECE = 1 << 18
+#: onnxruntime graph optimizers turned off for a graph updating by pieces:
+#: GatherSliceToSplitFusion makes the slices of a gradient one ``Split`` (every piece
+#: at once) and names every such ``Split`` alike, which makes the model invalid from the
+#: second gradient cut into pieces on.
+PIECES_DISABLED_OPTIMIZERS = ["GatherSliceToSplitFusion"]
 
 
 def pieces(shapes: Sequence[Sequence[int]], chunk: int) -> list[tuple[int, int, int]]:

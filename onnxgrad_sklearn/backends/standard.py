@@ -45,7 +45,13 @@ from ..runtime import (
     to_ortvalue,
 )
 from .base import Backend, all_finite, warn, zero_derivative_warning
-from .buffers import DeviceBuffers, DoubleBuffers, pieces
+from .buffers import (
+    PIECES_DISABLED_OPTIMIZERS,
+    UPDATE_PIECE,
+    DeviceBuffers,
+    DoubleBuffers,
+    pieces,
+)
 
 # imported on first use: a fit whose graphs are cached imports neither
 onnx = lazy("onnx")
@@ -80,7 +86,7 @@ TWO_SETS_FROM = LARGE_MODEL
 #: more on the CPU (:func:`step_graph`'s ``chunk``): the update's temporaries and
 #: the gradients' concatenation are then about a megabyte instead of three times the
 #: weights' size. 0: one flat update.
-STEP_UPDATE_CHUNK = 1 << 18
+STEP_UPDATE_CHUNK = UPDATE_PIECE
 
 
 def memory_pattern_grows() -> bool:
@@ -270,7 +276,7 @@ def step_graph(
     it builds as a training artifact.
     """
     from .._graph import model_dtype
-    from .._passes import merge_update
+    from .._passes import merge_update, piece_gradients
 
     flat = bool(optimizer.elementwise)
     dtype = model_dtype(graph)
@@ -292,7 +298,7 @@ def step_graph(
     adjoints = [o.name for o in grad.graph.output[1:] if o.name not in set(forward_outputs)]
     del grad.graph.output[1:]
     if spans:
-        connect = _piece_gradients(grad, adjoints, spans)
+        connect = piece_gradients(grad, adjoints, spans, prefix=UPDATE)
     elif flat:  # the flat rule reshapes each gradient to a vector itself
         sources = _padded_gradients(grad, adjoints, pads, dtype)
         connect = {f"grad_{i}": a for i, a in enumerate(sources)}
@@ -335,36 +341,6 @@ def _weight_gradients(grad: onnx.ModelProto, adjoints, shapes, weight_names) -> 
         grad.graph.node.append(onnx.helper.make_node("Reshape", [a, target], [f"{a}_w"]))
         connect[f"grad_{i}"] = f"{a}_w"
         connect[f"param_{i}"] = weight_names[i]
-    return connect
-
-
-def _piece_gradients(grad: onnx.ModelProto, adjoints, spans) -> dict[str, str]:
-    """Add to ``grad`` each piece of the gradients ``adjoints`` as a vector (a reshape
-    for a weight in one piece, else a slice of it); return the update's ``grad_<j>``
-    inputs connected to them."""
-    graph = grad.graph
-
-    def constant(name, values):
-        graph.initializer.append(onnx.numpy_helper.from_array(np.array(values, np.int64), name))
-        return name
-
-    minus_one = constant(UPDATE + "pieces_flat", [-1])
-    zero = constant(UPDATE + "pieces_axis", [0])
-    connect, flats = {}, {}
-    whole = {i for i, s, n in spans if s == 0} - {i for i, s, _ in spans if s > 0}
-    for j, (i, start, n) in enumerate(spans):
-        if i not in flats:
-            flats[i] = f"{adjoints[i]}_flat"
-            graph.node.append(
-                onnx.helper.make_node("Reshape", [adjoints[i], minus_one], [flats[i]])
-            )
-        if i in whole:
-            connect[f"grad_{j}"] = flats[i]
-            continue
-        name = f"{UPDATE}piece_{j}"
-        bounds = [constant(f"{name}_{b}", [v]) for b, v in (("start", start), ("end", start + n))]
-        graph.node.append(onnx.helper.make_node("Slice", [flats[i], *bounds, zero], [name]))
-        connect[f"grad_{j}"] = name
     return connect
 
 
@@ -748,12 +724,19 @@ class StandardBackend(Backend):
         self._buffers.write(0, arrays)
 
     # sessions --------------------------------------------------------------
-    def _session(self, blob, digest=None, inference=False) -> onnxruntime.InferenceSession:
+    def _session(
+        self, blob, digest=None, inference=False, pieces=False
+    ) -> onnxruntime.InferenceSession:
         """The session of ``blob`` (a name in the plan, or bytes and their digest);
-        ``inference``: one that runs now and then (its threads do not spin)."""
+        ``inference``: one that runs now and then (its threads do not spin); ``pieces``:
+        a step graph updating by pieces
+        (:data:`~onnxgrad_sklearn.backends.buffers.PIECES_DISABLED_OPTIMIZERS`)."""
         # onnxruntime fuses Transpose + MatMul into com.microsoft.FusedMatMul, whose
         # CPU kernel is float32 only: a double graph would fail to load.
-        disabled = DOUBLE_DISABLED_OPTIMIZERS if self.dtype == np.float64 else None
+        disabled = list(DOUBLE_DISABLED_OPTIMIZERS) if self.dtype == np.float64 else []
+        if pieces:
+            disabled += PIECES_DISABLED_OPTIMIZERS
+        disabled = disabled or None
         options = self.inference_options if inference else None
         return self.session(blob, digest, options=options, disabled_optimizers=disabled)
 
@@ -805,7 +788,9 @@ class StandardBackend(Backend):
     def _make_step(self, batch: int, targets: int):
         found = self._artifact("step", batch, targets, lambda: self._step_graph(batch, targets))
         flat = bool(found.meta["flat"])
-        session = self._session(found.blobs["step.onnx"], found.digest("step.onnx"))
+        session = self._session(
+            found.blobs["step.onnx"], found.digest("step.onnx"), pieces=bool(self.chunk)
+        )
         runs = {}
         for p, q in itertools.permutations(range(self._n_sets), 2):  # read p, write q
             binding = bindings().SessionIOBinding(session._sess)
