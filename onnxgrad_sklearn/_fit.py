@@ -471,7 +471,7 @@ class Fit:
         callback may stop the fit at the end of one.
         """
         engine, task = self.engine, self.task
-        stages, objectives = self._lbfgs_objectives()
+        stages, objectives = _lbfgs_objectives(self)
         x = objectives[0].pack(engine.get_weights())
         # the rounded stages move away from a start that may already be good (warm_start,
         # a fitted template): the fit never ends above the exact loss it started from
@@ -497,27 +497,6 @@ class Fit:
         task.close()  # the iteration begun after the last one never ran
         self._end_lbfgs(result, run, objectives, start)
 
-    def _lbfgs_objectives(self):
-        """The rounded stages ``(width, loss)`` and the objectives of each stage then of
-        the exact loss (the data source's full-batch objective)."""
-        widths = self._smoothing_widths()
-        stages = [(w, self.loss.smoothed(w)) for w in widths]
-        stages = [(w, smooth) for w, smooth in stages if smooth is not None]
-        penalty = smooth_penalty(self.penalty)
-        l1 = self.penalty[0] * self.penalty[1]
-        objectives = [
-            self.rows.objective(  # rows in memory, or partitions on a dask cluster
-                self,
-                self.loss if smooth is None else smooth,
-                self.engine if smooth is None else self.new_engine(smooth, SGD(), penalty),
-                self.penalized,
-                *penalty,
-                l1=l1,
-            )
-            for _, smooth in [*stages, (0.0, None)]
-        ]
-        return stages, objectives
-
     def _end_lbfgs(self, result, run, objectives, start):
         """Set the weights L-BFGS ended with and record the fit's counters."""
         from sklearn.utils.optimize import _check_optimize_result
@@ -532,18 +511,6 @@ class Fit:
         self.best_loss_ = min(self.loss_curve_, default=self.loss_)
         if not np.isfinite(result.fun):
             self._diverged(result.fun, self.n_iter_, None)
-
-    def _smoothing_widths(self):
-        """The widths a loss's kinks are rounded over before the exact loss (absolute)."""
-        optimizer = self.optimizer
-        widths = optimizer.widths() if hasattr(optimizer, "widths") else ()
-        if not widths:
-            return []
-        scale = 1.0
-        if not self.classifier:  # the residuals' scale: the targets' spread
-            spread = float(np.mean(np.std(self.rows.y, axis=0, dtype=np.float64)))
-            scale = spread if np.isfinite(spread) and spread > 0 else 1.0
-        return [w * scale for w in widths]
 
     # shared -----------------------------------------------------------------
     def _run_epoch(self, train, order):
@@ -632,6 +599,41 @@ def _own(value):
     if isinstance(value, LearningRateSchedule):  # a few floats
         return copy.copy(value)
     return value
+
+
+def _lbfgs_objectives(fit):
+    """The rounded stages ``(width, loss)`` of ``fit``'s L-BFGS and the objectives of
+    each stage then of the exact loss (the data source's full-batch objective)."""
+    widths = _smoothing_widths(fit)
+    stages = [(w, fit.loss.smoothed(w)) for w in widths]
+    stages = [(w, smooth) for w, smooth in stages if smooth is not None]
+    penalty = smooth_penalty(fit.penalty)
+    l1 = fit.penalty[0] * fit.penalty[1]
+    objectives = [
+        fit.rows.objective(  # rows in memory, or partitions on a dask cluster
+            fit,
+            fit.loss if smooth is None else smooth,
+            fit.engine if smooth is None else fit.new_engine(smooth, SGD(), penalty),
+            fit.penalized,
+            *penalty,
+            l1=l1,
+        )
+        for _, smooth in [*stages, (0.0, None)]
+    ]
+    return stages, objectives
+
+
+def _smoothing_widths(fit):
+    """The widths a loss's kinks are rounded over before the exact loss (absolute)."""
+    optimizer = fit.optimizer
+    widths = optimizer.widths() if hasattr(optimizer, "widths") else ()
+    if not widths:
+        return []
+    scale = 1.0
+    if not fit.classifier:  # the residuals' scale: the targets' spread
+        spread = float(np.mean(np.std(fit.rows.y, axis=0, dtype=np.float64)))
+        scale = spread if np.isfinite(spread) and spread > 0 else 1.0
+    return [w * scale for w in widths]
 
 
 class _LbfgsRun:
