@@ -137,6 +137,7 @@ class MemoryBatches:
             order = np.arange(arrays[0].shape[0])
         self.order = order
         self.buffers = None
+        self._views: dict = {}  # rows -> the buffers' views of that many rows
         if order is not None:
             self.buffers = [np.empty((batch_size,) + a.shape[1:], dtype=a.dtype) for a in arrays]
 
@@ -144,7 +145,11 @@ class MemoryBatches:
         if self.order is None:
             return [a[batch] for a in self.arrays]
         rows = self.order[batch]
-        return [take_rows(a, rows, out=b[: len(rows)]) for a, b in zip(self.arrays, self.buffers)]
+        # the same view objects from batch to batch: the engine binds them once
+        views = self._views.get(len(rows))
+        if views is None:
+            views = self._views[len(rows)] = [b[: len(rows)] for b in self.buffers]
+        return [take_rows(a, rows, out=v) for a, v in zip(self.arrays, views)]
 
     def train(self, engine, batch, learning_rate):
         """One step on the rows ``batch`` (a slice of the epoch's order): its loss and

@@ -563,7 +563,8 @@ class StandardBackend(Backend):
         self._pads: dict = {}  # (batch, targets, ...) -> the padded batch's arrays
         #: Whether a short batch may be padded (the loss's rows do not mix: BaseLoss.rowwise)
         self.pad_batches = True
-        self._bound: dict = {}  # run -> (address, shape, dtype) of the batch it has bound
+        #: run -> (the batch's arrays, their (address, shape, dtype)) it has bound
+        self._bound: dict = {}
         self._gradients: OrderedDict = OrderedDict()  # batch size -> session
         self._forward = None
         self._previous = None
@@ -975,13 +976,20 @@ class StandardBackend(Backend):
     def _batch_feeds(self, run, arrays):
         """The batch inputs ``run`` must bind (CPU): none when it reads these very buffers.
 
-        The fit loop gathers shuffled batches into the same buffers: their
-        ``OrtValue`` views are bound once, not at every batch.
+        The fit loop gathers shuffled batches into the same buffers (the same array
+        objects, whose memory does not move): their ``OrtValue`` views are bound once,
+        not at every batch.
         """
-        key = tuple((a.__array_interface__["data"][0], a.shape, a.dtype.str) for a in arrays)
-        if self._bound.get(run) == key:
+        bound = self._bound.get(run)
+        if bound is not None and all(
+            a is b and a.shape == k[1] for a, b, k in zip(arrays, bound[0], bound[1])
+        ):  # (an array's shape can be set in place)
             return {}
-        self._bound[run] = key
+        key = tuple((a.__array_interface__["data"][0], a.shape, a.dtype.str) for a in arrays)
+        same = bound is not None and bound[1] == key
+        self._bound[run] = (tuple(arrays), key)  # kept alive: their ids stay theirs
+        if same:
+            return {}
         return dict(zip(self.input_names, (ortvalue_view(a) for a in arrays)))
 
     def loss(self, X, y, sample_weight):
