@@ -792,7 +792,7 @@ class AgentBackend(Backend):
         parity = flat.current
         lr = self.optimizer.step_learning_rate(learning_rate, self.step + 1)
         self._lr.update_inplace(np.array(lr, dtype=np.float32))
-        loss, state = self._forward(X, y, sample_weight)
+        loss, state = self._fused_forward(X, y, sample_weight, batch=True)
         if not np.isfinite(loss):
             return loss  # no update: the caller decides what to do
         self.forward_backward.agent.run_backward_vector(fused.one, fused.into[parity], state)
@@ -809,14 +809,16 @@ class AgentBackend(Backend):
         )
         return float(outputs[0].numpy()), state
 
-    def _fused_forward(self, X, y, sample_weight):
+    def _fused_forward(self, X, y, sample_weight, batch=False):
         """The forward run of the graph with the update appended: the batch, the
         constants, the weights and the update's inputs of the set read, as the runtime
         takes them, made again only when the batch's arrays move (the loop gathers
-        shuffled batches into the same buffers): 5-7 us a step."""
+        shuffled batches into the same buffers): 5-7 us a step. ``batch``: a training
+        step's, whose arrays are kept to be told by identity next time (a batch's
+        size: not the rows a loss is computed on)."""
         fused, parity = self._fused, self._flat.current
         arrays = (X, y, sample_weight)
-        last = fused.last[parity]  # the same array objects as the last batch: its feeds
+        last = fused.last[parity] if batch else None  # the same arrays as the last batch
         if last is not None and all(
             a is b and a.shape == shape for a, b, shape in zip(arrays, *last[:2])
         ):  # (an array's shape can be set in place)
@@ -831,8 +833,8 @@ class AgentBackend(Backend):
                 feeds = fused.cached_feeds[key] = _vector(
                     [*inputs, *self._constant_feeds, *self.weights, *fused.feeds[parity]]
                 )
-            # kept alive: their ids stay theirs
-            fused.last[parity] = (arrays, [a.shape for a in arrays], feeds)
+            if batch:  # kept alive: their ids stay theirs
+                fused.last[parity] = (arrays, [a.shape for a in arrays], feeds)
         agent = self.forward_backward.agent
         state = agent.new_state()
         return float(agent.run_forward_vector(feeds, state)[0].numpy()), state
