@@ -46,7 +46,7 @@ from ..runtime import (
     session_providers,
     to_ortvalue,
 )
-from .base import Backend, shared_session
+from .base import Backend, LastBatch, batch_key, shared_session
 from .buffers import PIECES_DISABLED_OPTIMIZERS, UPDATE_PIECE, DoubleBuffers, pieces
 
 # imported on first use: a fit whose plan is cached parses no graph
@@ -819,22 +819,20 @@ class AgentBackend(Backend):
         fused, parity = self._fused, self._flat.current
         arrays = (X, y, sample_weight)
         last = fused.last[parity] if batch else None  # the same arrays as the last batch
-        if last is not None and all(
-            a is b and a.shape == shape for a, b, shape in zip(arrays, *last[:2])
-        ):  # (an array's shape can be set in place)
-            feeds = last[2]
+        if last is not None and last.holds(arrays):
+            feeds = last.value
         else:
-            key = (parity, *((a.__array_interface__["data"][0], a.shape, a.dtype) for a in arrays))
-            feeds = fused.cached_feeds.get(key)
+            key = batch_key(arrays)
+            feeds = fused.cached_feeds.get((parity, key))
             if feeds is None:
                 if len(fused.cached_feeds) >= 4:
                     fused.cached_feeds.clear()
                 inputs = [self._feed(X), self._feed(y), self._feed(sample_weight)]
-                feeds = fused.cached_feeds[key] = _vector(
+                feeds = fused.cached_feeds[parity, key] = _vector(
                     [*inputs, *self._constant_feeds, *self.weights, *fused.feeds[parity]]
                 )
-            if batch:  # kept alive: their ids stay theirs
-                fused.last[parity] = (arrays, [a.shape for a in arrays], feeds)
+            if batch:
+                fused.last[parity] = LastBatch(arrays, key, feeds)
         agent = self.forward_backward.agent
         state = agent.new_state()
         return float(agent.run_forward_vector(feeds, state)[0].numpy()), state
@@ -904,37 +902,24 @@ class _FusedUpdate:
     def __init__(self, meta, optimizer, flat: DoubleBuffers, lr, one):
         names = ("param", *optimizer.state_names)
         spans = meta.get("pieces")
-        views = flat.piece_views(spans) if spans else None
-
-        def values(p, prefix):
-            """The vectors of set ``p`` (or their pieces) by their name in the graph."""
-            if views is None:
-                return {f"{UPDATE}{prefix}{n}": v for n, v in zip(names, flat.vectors[p])}
-            return {
-                f"{UPDATE}{prefix}{n}_{j}": v
-                for n, pieces_of in zip(names, views[p])
-                for j, v in enumerate(pieces_of)
-            }
-
         self.feeds, self.into = [], []
         self.n_update = len(meta["update_outputs"])
         self._gradient = np.zeros(flat.size, dtype=flat.dtype)
-        offsets = np.cumsum([0, *[math.prod(w.shape) for w in flat.views[0][0]]])
         self.gradients = [
-            ortvalue_view(self._gradient[a:b].reshape(w.shape))
-            for a, b, w in zip(offsets[:-1], offsets[1:], flat.views[0][0])
+            ortvalue_view(self._gradient[o : o + w.size].reshape(w.shape))
+            for o, w in zip(flat.offsets, flat.views[0][0])
         ]
         for p in (0, 1):
-            known = {f"{UPDATE}learning_rate": lr, **values(p, "")}
+            known = {f"{UPDATE}learning_rate": lr, **flat.named(p, names, UPDATE, spans)}
             self.feeds.append([known[name] for name in meta["update_feeds"]])
-            written = values(1 - p, "new_")
+            written = flat.named(1 - p, names, UPDATE + "new_", spans)
             self.into.append(
                 _vector([*(written[n] for n in meta["update_outputs"]), *self.gradients])
             )
         self.one = _vector([one])
         #: the forward feeds of the last batches' arrays (``AgentBackend._train_fused``)
         self.cached_feeds = {}
-        #: per set read: the last batch's arrays and their feeds
+        #: per set read: the last batch's arrays and their feeds (a LastBatch)
         self.last = [None, None]
         self._scratch = None
 

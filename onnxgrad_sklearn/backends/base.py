@@ -60,6 +60,30 @@ def all_finite(array: np.ndarray, chunk: int = 1 << 16) -> bool:
     return all(np.isfinite(flat[i : i + chunk]).all() for i in range(0, flat.size, chunk))
 
 
+def batch_key(arrays) -> tuple:
+    """Where a batch's arrays are: the address, shape and dtype of each."""
+    return tuple((a.__array_interface__["data"][0], a.shape, a.dtype.str) for a in arrays)
+
+
+class LastBatch:
+    """The arrays a step was last given (kept alive, so that their ids stay theirs), their
+    :func:`batch_key`, and what the backend made for them (``value``).
+
+    The fit loop gathers shuffled batches into the same array objects, whose memory
+    does not move: :meth:`holds` tells them without working out their addresses.
+    """
+
+    __slots__ = ("arrays", "key", "value")
+
+    def __init__(self, arrays, key, value=None):
+        self.arrays, self.key, self.value = tuple(arrays), key, value
+
+    def holds(self, arrays) -> bool:
+        """Whether ``arrays`` are these very arrays, in the same shapes (an array's shape
+        can be set in place)."""
+        return all(a is b and a.shape == k[1] for a, b, k in zip(arrays, self.arrays, self.key))
+
+
 def shared_session(
     blob: bytes, digest, options, providers, provider_options=None, weights=0, **kwargs
 ):

@@ -168,7 +168,9 @@ class DoubleBuffers(_BufferSets):
         sizes = [math.prod(shape) for shape in shapes]
         offsets = np.cumsum([0, *sizes])
         self.size = int(offsets[-1])
-        self._offsets = [int(o) for o in offsets[:-1]]
+        #: Where each weight starts in a vector.
+        self.offsets = [int(o) for o in offsets[:-1]]
+        self._piece_views: dict = {}  # spans -> [parity][k][j] views (named)
         self.arrays = [
             [np.zeros(self.size, dtype=self.dtype) for _ in range(1 + n_state)]
             for _ in range(n_sets)
@@ -214,11 +216,25 @@ class DoubleBuffers(_BufferSets):
         """Copies of each weight's part of vector ``k`` of a set (the current one by default)."""
         return [v.copy() for v in self.views[self.current if parity is None else parity][k]]
 
-    def piece_views(self, spans) -> list[list[list[OrtValue]]]:
-        """``OrtValue`` views of pieces of the vectors: ``[parity][k][j]`` is piece ``j``
-        (``spans[j]``, as :func:`pieces` gives them) of vector ``k`` of a set."""
-        starts = [(self._offsets[i] + s, n) for i, s, n in spans]
-        return [[[ortvalue_view(v[o : o + n]) for o, n in starts] for v in p] for p in self.arrays]
+    def named(self, parity: int, names, prefix: str, spans=None) -> dict[str, OrtValue]:
+        """The vectors of set ``parity`` by the names an update graph gives them.
+
+        Vector ``k`` is ``prefix + names[k]``; with ``spans`` (the pieces :func:`pieces`
+        cuts the weights into), its piece ``j`` is ``prefix + names[k] + "_<j>"``, an
+        ``OrtValue`` view of that part of the vector (made once per ``spans``).
+        """
+        if spans is None:
+            return {prefix + n: v for n, v in zip(names, self.vectors[parity])}
+        spans = tuple(tuple(span) for span in spans)
+        views = self._piece_views.get(spans)
+        if views is None:
+            starts = [(self.offsets[i] + s, n) for i, s, n in spans]
+            views = self._piece_views[spans] = [
+                [[ortvalue_view(v[o : o + n]) for o, n in starts] for v in p] for p in self.arrays
+            ]
+        return {
+            f"{prefix}{n}_{j}": v for n, vs in zip(names, views[parity]) for j, v in enumerate(vs)
+        }
 
     def binder(self, binding, name: str, parity, k: int, i: int | None = None, output=False):
         """``(function, arguments)`` of what :meth:`bind` calls, to call again cheaply."""

@@ -44,7 +44,14 @@ from ..runtime import (
     ortvalue_view,
     to_ortvalue,
 )
-from .base import Backend, all_finite, warn, zero_derivative_warning
+from .base import (
+    Backend,
+    LastBatch,
+    all_finite,
+    batch_key,
+    warn,
+    zero_derivative_warning,
+)
 from .buffers import (
     PIECES_DISABLED_OPTIMIZERS,
     UPDATE_PIECE,
@@ -538,10 +545,8 @@ class StandardBackend(Backend):
             )
         else:
             self._buffers = DoubleBuffers(self.shapes, n_state, n_sets=n_sets, dtype=self.dtype)
-        #: ``[parity][k][j]``: piece ``j`` of vector ``k`` of a set, what the step binds
-        self._pieces = None
-        if self.chunk:
-            self._pieces = self._buffers.piece_views(pieces(self.shapes, self.chunk))
+        #: the pieces the step's update runs over (:func:`~.buffers.pieces`), or None
+        self._spans = pieces(self.shapes, self.chunk) if self.chunk else None
         self._buffers.write(0, start)
         # The batches (X, y, sample_weight) and the learning rate are CPU values on every
         # device, bound as OrtValue views of their numpy memory: onnxruntime copies a CPU
@@ -563,8 +568,7 @@ class StandardBackend(Backend):
         self._pads: dict = {}  # (batch, targets, ...) -> the padded batch's arrays
         #: Whether a short batch may be padded (the loss's rows do not mix: BaseLoss.rowwise)
         self.pad_batches = True
-        #: run -> (the batch's arrays, their (address, shape, dtype)) it has bound
-        self._bound: dict = {}
+        self._bound: dict = {}  # run -> the LastBatch it has bound
         self._gradients: OrderedDict = OrderedDict()  # batch size -> session
         self._forward = None
         self._previous = None
@@ -810,12 +814,12 @@ class StandardBackend(Backend):
         for i, name in enumerate(self.weight_names):
             inputs.append(b.binder(binding, name, p, 0, i))
         names = self.optimizer.state_names
-        if self._pieces is not None:  # by pieces: always guarded
-            bind, views = binding.bind_ortvalue_input, self._pieces
-            for k, name in enumerate(("param", *names)):
-                for j in range(len(views[p][k])):
-                    inputs.append((bind, (f"{UPDATE}{name}_{j}", views[p][k][j])))
-                    inputs.append((bind, (f"{UPDATE}kept_{name}_{j}", views[q][k][j])))
+        if self._spans is not None:  # by pieces: always guarded
+            vectors = ("param", *names)
+            bind = binding.bind_ortvalue_input
+            inputs.extend((bind, item) for item in b.named(p, vectors, UPDATE, self._spans).items())
+            kept = b.named(q, vectors, UPDATE + "kept_", self._spans)
+            inputs.extend((bind, item) for item in kept.items())
             return inputs
         kept = []  # (input name, vector, weight) of what a guarded step keeps
         if run.flat:
@@ -844,10 +848,10 @@ class StandardBackend(Backend):
         b, binding, q = self._buffers, run.binding, run.write
         binding.bind_ortvalue_output(LOSS, self._loss)
         names = self.optimizer.state_names
-        if self._pieces is not None:
-            for k, name in enumerate(("param", *names)):
-                for j, view in enumerate(self._pieces[q][k]):
-                    binding.bind_ortvalue_output(f"{UPDATE}new_{name}_{j}", view)
+        if self._spans is not None:
+            written = b.named(q, ("param", *names), UPDATE + "new_", self._spans)
+            for name, view in written.items():
+                binding.bind_ortvalue_output(name, view)
         elif run.flat:
             b.bind(binding, UPDATE + "new_param", q, 0, output=True)
             for k, name in enumerate(names):
@@ -981,14 +985,11 @@ class StandardBackend(Backend):
         not at every batch.
         """
         bound = self._bound.get(run)
-        if bound is not None and all(
-            a is b and a.shape == k[1] for a, b, k in zip(arrays, bound[0], bound[1])
-        ):  # (an array's shape can be set in place)
+        if bound is not None and bound.holds(arrays):
             return {}
-        key = tuple((a.__array_interface__["data"][0], a.shape, a.dtype.str) for a in arrays)
-        same = bound is not None and bound[1] == key
-        self._bound[run] = (tuple(arrays), key)  # kept alive: their ids stay theirs
-        if same:
+        key = batch_key(arrays)
+        self._bound[run] = LastBatch(arrays, key)
+        if bound is not None and bound.key == key:
             return {}
         return dict(zip(self.input_names, (ortvalue_view(a) for a in arrays)))
 
