@@ -20,7 +20,6 @@ calls do nothing.
 from __future__ import annotations
 
 import copy
-import dataclasses
 
 import numpy as np
 
@@ -173,7 +172,7 @@ def shallow_state(estimator, optimizer_state=True) -> dict:
         if isinstance(state.get(name), list):
             state[name] = list(state[name])
     if "_converted" in state and "_converted" not in replaced:
-        state["_converted"] = dataclasses.replace(state["_converted"])
+        state["_converted"] = state["_converted"].copy()
     if "estimator_" in state and "estimator_" not in replaced:
         state["estimator_"] = _copy_sharing_arrays(state["estimator_"])
     if "_schedule" in state:  # a few floats
@@ -197,7 +196,7 @@ def fitted_state(estimator, weights, attributes=None, statistics=None) -> dict:
     probe.__dict__.update(estimator.__dict__)  # store_weights replaces what it changes
     probe.__dict__.pop(_REPLACED, None)
     probe.__dict__.update(attributes or {})
-    probe._converted = dataclasses.replace(estimator._converted)
+    probe._converted = estimator._converted.copy()
     probe.estimator_ = copy_for_weights(estimator.estimator_)
     # no session is made here: the copy predicts through the process's session of its
     # graph, fed its weights (FedSession, made once); else its own, made when it first

@@ -92,6 +92,17 @@ class ConvertedTemplate:
             self.__dict__.pop("_model", None)  # made again from the new values when asked
         object.__setattr__(self, name, value)
 
+    def copy(self, **changes) -> ConvertedTemplate:
+        """A copy sharing the arrays, with the fields ``changes`` set: what
+        ``dataclasses.replace`` gives (its ONNX model made again when asked for),
+        without checking every field again (a callback's ``fitted_estimator`` makes one
+        an epoch)."""
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.__dict__.pop("_model", None)
+        new.__dict__.update(changes)
+        return new
+
     def __getstate__(self):
         state = self.__dict__.copy()
         state.pop("_model", None)

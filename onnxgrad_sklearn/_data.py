@@ -27,6 +27,7 @@ rows is one more implementation; the fit does not know which it has.
 
 from __future__ import annotations
 
+import math
 import sys
 
 import numpy as np
@@ -259,6 +260,8 @@ class FullBatchObjective:
         self.engine, self.X, self.y, self.sw = engine, X, y2d, sample_weight
         self.shapes = engine.shapes
         self.sizes = [int(np.prod(s)) for s in self.shapes]
+        ends = np.cumsum(self.sizes).tolist()
+        self._spans = list(zip([0, *ends[:-1]], ends))  # of each weight in the flat vector
         self.penalized, self.alpha, self.l1_ratio = penalized, alpha, l1_ratio
         self.l1 = float(l1)
         n = sum(self.sizes)
@@ -294,13 +297,13 @@ class FullBatchObjective:
         """The weights, end to end, of the variables ``x``."""
         n = sum(self.sizes)
         w = np.array(x[:n], dtype=np.float64)
-        w[self.split] -= x[n:]
+        if len(self.split):
+            w[self.split] -= x[n:]
         return w
 
     def unpack(self, x):
         w = self._weights(np.asarray(x, dtype=np.float64)).astype(self.engine.dtype)
-        parts = np.split(w, np.cumsum(self.sizes)[:-1])
-        return [p.reshape(s) for p, s in zip(parts, self.shapes)]
+        return [w[a:b].reshape(s) for (a, b), s in zip(self._spans, self.shapes)]
 
     def exact(self, x, value) -> float:
         """The objective at the weights of ``x`` from its value at ``x`` (``u + v >= |w|``)."""
@@ -353,7 +356,7 @@ class FullBatchObjective:
 
     def _result(self, loss, grads):
         n = sum(self.sizes)
-        if not np.isfinite(loss):
+        if not math.isfinite(loss):
             return np.inf, np.zeros(n + len(self.split))
         g = np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in grads])
         if not len(self.split):

@@ -11,7 +11,6 @@ runs is then the trained graph itself or, for a template trained through another
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 
 import numpy as np
@@ -54,7 +53,7 @@ class _Deferred:
 DEFERRED = _Deferred()
 
 
-def export(est, now=False):
+def export(est, now=False, defer=False):
     """What ``to_onnx`` returns and ``predict`` runs, set after each fit.
 
     The trained graph itself, or for a template trained through another view
@@ -72,7 +71,9 @@ def export(est, now=False):
     made by the first use that needs them (:func:`export_now`: ``to_onnx``, a
     prediction from the exported graph); a classifier's predictions come from
     the trained graph, so that a fit and its predictions import neither onnx
-    nor skl2onnx.
+    nor skl2onnx. ``defer``: the template's own graph (converted now, once per fit)
+    is given its weights by its first use (a callback's ``fitted_estimator``, whose
+    classifier predicts from the trained graph).
     """
     exported = exported_estimator(est)
     if trained_view(exported) is exported:
@@ -87,8 +88,10 @@ def export(est, now=False):
             model = export_model(exported, export_inputs(est), est._converted.dtype)
             return join_head(est, model)
         est._export_converted = located
+    if defer:
+        return DEFERRED
     values = located.values_from(final_estimator(exported))
-    return _joined(est, dataclasses.replace(located, values=values), now)
+    return _joined(est, located.copy(values=values), now)
 
 
 def _joined(est, converted, now=False):
@@ -160,7 +163,8 @@ def check_weights_stored(est, what):
 def store_weights(est, trained, sessions=True, statistics=None):
     """Store the trained weights ``trained`` into the converted graph and ``estimator_``,
     then make the exported model and (with ``sessions``) the inference sessions: a
-    callback's ``fitted_estimator`` leaves them to its first prediction. ``statistics``:
+    callback's ``fitted_estimator`` leaves them, and an exported model other than the
+    trained graph (:func:`export`'s ``defer``), to their first use. ``statistics``:
     the running statistics of BatchNormalization trained in training mode, by name."""
     # No session of the previous model is left when the new one is made (a copy of
     # the weights each); predict makes them again should this not reach its end.
@@ -185,7 +189,7 @@ def store_weights(est, trained, sessions=True, statistics=None):
             # that the initial weights are not kept for the estimator's life
             final._best_coefs = [c.view() for c in final.coefs_]
             final._best_intercepts = [i.view() for i in final.intercepts_]
-    est._export_model = export(est)
+    est._export_model = export(est) if sessions else export(est, defer=True)
     if sessions:
         make_sessions(est)
 

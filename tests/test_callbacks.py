@@ -8,6 +8,7 @@ import sys
 import warnings
 
 import numpy as np
+import onnxruntime
 import pytest
 import sklearn
 from _helpers import BACKENDS, QuietCallback, small_mlp, smooth_regression
@@ -157,7 +158,7 @@ def test_a_classifiers_fitted_estimator_makes_only_the_session_it_predicts_with(
     clf = _logistic("standard", max_iter=3).set_callbacks(keep).fit(X, y)
     snapshot = keep.fitted[2]  # the third iteration's: the fit's last
     assert clf.n_iter_ == 3
-    assert snapshot._export_model is not snapshot._converted  # two graphs
+    assert snapshot._export_model is _model.DEFERRED  # given its weights when first used
     assert snapshot.__dict__.get("_session") is None
     fed = snapshot._logit_session  # the process's session of the trained graph, fed
     assert isinstance(fed, FedSession) and fed._session is None  # none before it predicts
@@ -170,6 +171,28 @@ def test_a_classifiers_fitted_estimator_makes_only_the_session_it_predicts_with(
     np.testing.assert_array_equal(labels, clf.predict(X))
     # the fitted estimator itself made both at the end of its fit
     assert clf._session is not None and clf._logit_session is not None
+
+
+def test_a_fitted_estimators_export_holds_its_own_iterations_weights():
+    """The exported graph of a snapshot (LogisticRegression's own, converted once per
+    fit) is given the weights of the snapshot's iteration when first used: its ONNX
+    model and probabilities are that iteration's, not the fit's last."""
+    X, y = _classification()
+    keep = Keep()
+    clf = _logistic("standard", max_iter=3).set_callbacks(keep).fit(X, y)
+    first, last = keep.fitted[0], keep.fitted[2]
+    assert "_export_converted" in clf.__dict__  # the template converted once, in the fit
+    for snapshot in (first, last):
+        assert snapshot._export_model is _model.DEFERRED
+        assert snapshot._export_converted is clf._export_converted
+    session = onnxruntime.InferenceSession(
+        first.to_onnx().SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    labels, probabilities = session.run(None, {"X": X.astype(np.float32)})
+    np.testing.assert_array_equal(labels, first.predict(X))
+    np.testing.assert_allclose(probabilities, first.predict_proba(X), rtol=1e-5, atol=1e-6)
+    assert np.abs(first.predict_proba(X) - clf.predict_proba(X)).max() > 1e-3
+    np.testing.assert_allclose(last.predict_proba(X), clf.predict_proba(X), rtol=1e-5)
 
 
 class KeepWithRandomState(Keep):

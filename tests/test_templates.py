@@ -10,6 +10,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from onnxgrad_sklearn import OrtGradientClassifier, OrtGradientRegressor
+from onnxgrad_sklearn._converted import ConvertedTemplate
 
 RNG = np.random.RandomState(0)
 X = RNG.randn(80, 4).astype(np.float32)
@@ -104,6 +105,29 @@ def test_conversion_keeps_no_copy_of_a_fitted_templates_arrays():
     np.testing.assert_array_equal(
         conv.initializer_values()[0], template.coefs_[0].astype(np.float32)
     )
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_a_converted_templates_copy_is_dataclasses_replace():
+    """``ConvertedTemplate.copy`` gives what ``dataclasses.replace`` gives (the same
+    fields, the arrays shared, the ONNX model made again from the copy's values)."""
+    import dataclasses
+
+    est = OrtGradientRegressor(MLPRegressor(hidden_layer_sizes=(3,)), max_iter=1).fit(X, Y)
+    conv = est._converted
+    model = conv.model  # made and kept by the original
+    values = [v * 2 for v in conv.values]
+    for changes in ({}, {"values": values}):
+        copied, replaced = conv.copy(**changes), dataclasses.replace(conv, **changes)
+        assert type(copied) is ConvertedTemplate
+        for field in dataclasses.fields(conv):
+            assert getattr(copied, field.name) is getattr(replaced, field.name)
+        assert "_model" not in copied.__dict__
+        assert copied.model is not model
+        got = {i.name: numpy_helper.to_array(i) for i in copied.model.graph.initializer}
+        for name, value in zip(conv.initializer_names, copied.values):
+            np.testing.assert_array_equal(got[name], value)
+    assert conv.model is model and conv.values is not values
 
 
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
