@@ -202,7 +202,9 @@ class TrainingAgent:
         """:meth:`run_forward` with the feeds as the runtime takes them (an
         ``OrtValueVector`` of ``fw_feed_names``' length, made once for many runs)."""
         fetches = OrtValueVector()
-        self._agent.run_forward(feeds, fetches, state, _C.OrtValueCache())
+        # no cache: it holds the values of the forward pass a gradient accumulation
+        # keeps from run to run (ORTModule passes none without it), one made per run
+        self._agent.run_forward(feeds, fetches, state, None)
         return fetches
 
     def run_backward_vector(self, grad_outputs: OrtValueVector, into: OrtValueVector, state):
@@ -639,7 +641,12 @@ class AgentBackend(Backend):
         meta = self.plan.meta
         flat = bool(meta["flat"])
         self._one = to_ortvalue(np.array(1.0, dtype=np.float32), self.device)
-        self._lr = to_ortvalue(np.array(0.0, dtype=np.float32), self.device)
+        # The learning rate: on the CPU a view of a NumPy scalar that each step writes
+        # (no call into the runtime); on a GPU a device value updated in place.
+        self._lr_array = np.zeros((), dtype=np.float32)
+        on_cpu = self.providers[0] == "CPUExecutionProvider"
+        self._lr = (ortvalue_view if on_cpu else to_ortvalue)(self._lr_array, self.device)
+        self._lr_is_view = on_cpu
         self._previous = None
         self._flat = None
         self._fused = None
@@ -757,14 +764,13 @@ class AgentBackend(Backend):
             self.weights,
         )
         loss = float(outputs[0].numpy())
-        if not np.isfinite(loss):
+        if not math.isfinite(loss):
             return loss  # no update: the caller decides what to do
         grads = fb.backward([self._one], state)
         # What undo_last_step goes back to, without a copy: the update returns new
         # values, the previous ones stay valid.
         previous = self.checkpoint()
-        lr = self.optimizer.step_learning_rate(learning_rate, self.step + 1)
-        self._lr.update_inplace(np.array(lr, dtype=np.float32))
+        self._set_learning_rate(learning_rate)
         feeds = [self._lr]
         for w, gr, st in zip(self._weights, grads, self._state):
             feeds.append(w)
@@ -785,15 +791,22 @@ class AgentBackend(Backend):
         )
         return loss
 
+    def _set_learning_rate(self, learning_rate):
+        """Give the update the next step's learning rate (the optimizer's schedule)."""
+        lr = self.optimizer.step_learning_rate(learning_rate, self.step + 1)
+        if self._lr_is_view:
+            self._lr_array[...] = lr
+        else:
+            self._lr.update_inplace(np.array(lr, dtype=np.float32))
+
     def _train_fused(self, X, y, sample_weight, learning_rate):
         """:meth:`train_batch` with the update in the backward run (:func:`fuse_update`):
         it writes the weights and state of the set of buffers not read."""
         flat, fused = self._flat, self._fused
         parity = flat.current
-        lr = self.optimizer.step_learning_rate(learning_rate, self.step + 1)
-        self._lr.update_inplace(np.array(lr, dtype=np.float32))
+        self._set_learning_rate(learning_rate)
         loss, state = self._fused_forward(X, y, sample_weight, batch=True)
-        if not np.isfinite(loss):
+        if not math.isfinite(loss):
             return loss  # no update: the caller decides what to do
         self.forward_backward.agent.run_backward_vector(fused.one, fused.into[parity], state)
         # taken in one assignment (see train_batch); the set read is what undo goes back to

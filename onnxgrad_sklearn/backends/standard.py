@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
@@ -950,7 +951,7 @@ class StandardBackend(Backend):
             alive = state.bind(run.binding, X.shape[0])
         self._run(run.session, run.binding)
         loss = float(self._loss_array)
-        if not np.isfinite(loss):
+        if not math.isfinite(loss):
             return loss  # the set undo goes back to is as it was (kept, or not written)
         if state is not None:
             del alive
