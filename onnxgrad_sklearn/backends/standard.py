@@ -919,7 +919,8 @@ class StandardBackend(Backend):
             binding.bind_output(name, self._cpu)
         self._run(session, binding)
         kept = None  # noqa: F841  (the run state's arrays were alive until here)
-        return [value.numpy().copy() for value in binding.get_outputs()]
+        # arrays of their own, in one call (OrtValue.numpy() then a copy: 9 us an output)
+        return binding.copy_outputs_to_cpu()
 
     def train_batch(self, X, y, sample_weight, learning_rate):
         if self.pad_batches:
