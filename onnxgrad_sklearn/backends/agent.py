@@ -858,8 +858,8 @@ class AgentBackend(Backend):
         if self._fused is None:
             grads = self.forward_backward.backward([self._one], state)
         else:  # the update's outputs go to buffers of their own: no weight changes
-            grads = self.forward_backward.backward([self._one], state, self._fused.scratch())
-            grads = grads[self._fused.n_update :]
+            self.forward_backward.backward([self._one], state, self._fused.scratch())
+            return loss, [g.copy() for g in self._fused.gradient_arrays]
         return loss, [g.numpy().copy() for g in grads]
 
 
@@ -918,10 +918,12 @@ class _FusedUpdate:
         self.feeds, self.into = [], []
         self.n_update = len(meta["update_outputs"])
         self._gradient = np.zeros(flat.size, dtype=flat.dtype)
-        self.gradients = [
-            ortvalue_view(self._gradient[o : o + w.size].reshape(w.shape))
+        #: the gradients as the backward run writes them (views of one vector)
+        self.gradient_arrays = [
+            self._gradient[o : o + w.size].reshape(w.shape)
             for o, w in zip(flat.offsets, flat.views[0][0])
         ]
+        self.gradients = [ortvalue_view(a) for a in self.gradient_arrays]
         for p in (0, 1):
             known = {f"{UPDATE}learning_rate": lr, **flat.named(p, names, UPDATE, spans)}
             self.feeds.append([known[name] for name in meta["update_feeds"]])
