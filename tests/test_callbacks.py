@@ -193,6 +193,13 @@ def test_a_fitted_estimators_export_holds_its_own_iterations_weights():
     np.testing.assert_allclose(probabilities, first.predict_proba(X), rtol=1e-5, atol=1e-6)
     assert np.abs(first.predict_proba(X) - clf.predict_proba(X)).max() > 1e-3
     np.testing.assert_allclose(last.predict_proba(X), clf.predict_proba(X), rtol=1e-5)
+    # pickled before its first use, the copy makes its export from its own weights
+    loaded = pickle.loads(pickle.dumps(keep.fitted[1]))
+    assert loaded._export_model is _model.DEFERRED
+    np.testing.assert_allclose(
+        loaded.predict_proba(X), keep.fitted[1].predict_proba(X), rtol=1e-5, atol=1e-6
+    )
+    assert np.abs(loaded.predict_proba(X) - clf.predict_proba(X)).max() > 1e-4
 
 
 class KeepWithRandomState(Keep):
