@@ -189,7 +189,7 @@ def store_weights(est, trained, sessions=True, statistics=None):
             # that the initial weights are not kept for the estimator's life
             final._best_coefs = [c.view() for c in final.coefs_]
             final._best_intercepts = [i.view() for i in final.intercepts_]
-    est._export_model = export(est) if sessions else export(est, defer=True)
+    est._export_model = export(est, defer=not sessions)
     if sessions:
         make_sessions(est)
 

@@ -428,7 +428,7 @@ def test_a_fit_stopped_while_storing_its_weights_leaves_a_usable_estimator(monke
     ).fit(X, y)
     from onnxgrad_sklearn import _model
 
-    def broken(est, now=False):
+    def broken(est, now=False, defer=False):
         raise RuntimeError("export failed")
 
     with monkeypatch.context() as patch:
