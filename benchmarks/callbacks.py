@@ -16,6 +16,15 @@ divided by its epochs or iterations (``n_iter_``); the minimum over ``--repeats`
 is kept (the machine may be shared: the least disturbed fit). The time a callback adds
 is the difference with the fit without callbacks.
 
+That difference, divided by the iterations, also spreads what the monitor costs once
+per fit (its scorer made at ``setup``, the root task scored at the end) over however
+many iterations each side runs: on iris ours stops after 22-23 (a float32 objective's
+line search ends there) and scikit-learn's goes on to 36. So the ``logistic_iris``
+case is also timed with ``max_iter`` 5 and 20 on both sides (both run them all), the
+fits taking turns, minimum of ``--slope-repeats``: the time the monitor adds per
+iteration is the slope of its added time between the two, and what it adds per fit
+the intercept.
+
 Cases, on scikit-learn's bundled data (standardised):
 
 * ``logistic_iris``: ``OrtGradientClassifier(LogisticRegression())`` (L-BFGS, one task
@@ -38,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import importlib.metadata as md
 import json
 import os
@@ -51,8 +61,8 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from bench_common import THREADS, git_state, load_average  # noqa: E402
 
-FULL = {"iterations": 50, "repeats": 5}
-QUICK = {"iterations": 5, "repeats": 1}
+FULL = {"iterations": 50, "repeats": 5, "slope": (5, 20), "slope_repeats": 7}
+QUICK = {"iterations": 5, "repeats": 1, "slope": (2, 4), "slope_repeats": 1}
 VERSIONS = ("scikit-learn", "onnxruntime", "onnxruntime-training", "numpy")
 
 
@@ -84,24 +94,26 @@ def _data(name):
     return X, y
 
 
-def cases(iterations: int) -> dict:
-    """``{case: (data, ours(), scikit-learn's() or None, scoring)}``."""
+def cases() -> dict:
+    """``{case: (data, ours(n), scikit-learn's(n) or None, scoring)}``: ``n`` the most
+    epochs or iterations."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.neural_network import MLPClassifier, MLPRegressor
 
     from onnxgrad_sklearn import OrtGradientClassifier, OrtGradientRegressor
 
-    n = iterations
     return {
         "logistic_iris": (
             "iris",
-            lambda: OrtGradientClassifier(LogisticRegression(), max_iter=n, tol=0, n_jobs=THREADS),
-            lambda: LogisticRegression(max_iter=n, tol=0),
+            lambda n: OrtGradientClassifier(
+                LogisticRegression(), max_iter=n, tol=0, n_jobs=THREADS
+            ),
+            lambda n: LogisticRegression(max_iter=n, tol=0),
             "accuracy",
         ),
         "mlp_classifier_iris": (
             "iris",
-            lambda: OrtGradientClassifier(
+            lambda n: OrtGradientClassifier(
                 MLPClassifier(hidden_layer_sizes=(16,)), max_iter=n, random_state=0, n_jobs=THREADS
             ),
             None,
@@ -109,7 +121,7 @@ def cases(iterations: int) -> dict:
         ),
         "mlp_regressor_diabetes": (
             "diabetes",
-            lambda: OrtGradientRegressor(
+            lambda n: OrtGradientRegressor(
                 MLPRegressor(hidden_layer_sizes=(64,)), max_iter=n, random_state=0, n_jobs=THREADS
             ),
             None,
@@ -159,6 +171,57 @@ def measure(make, scoring, X, y, repeats) -> dict:
     }
 
 
+def slope(ours, theirs, scoring, X, y, budgets, repeats) -> dict:
+    """The ScoringMonitor's added time per iteration (slope between the ``budgets``) and
+    per fit (intercept), ours and scikit-learn's, the fits of both taking turns."""
+    from sklearn.callback import ScoringMonitor
+
+    sides = {"ours": ours, "scikit-learn": theirs}
+    times: dict = {}
+    for _ in range(repeats + 1):  # the first round warms up, not kept
+        for side, make in sides.items():
+            for budget in budgets:
+                for monitored in (False, True):
+                    callbacks = [ScoringMonitor(scoring=scoring)] if monitored else []
+                    est = make(budget)
+                    if callbacks:
+                        est.set_callbacks(*callbacks)
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        start = time.perf_counter()
+                        est.fit(X, y)
+                        elapsed = 1000 * (time.perf_counter() - start)
+                    n_iter = est.n_iter_
+                    n_iter = int(max(n_iter)) if hasattr(n_iter, "__len__") else int(n_iter)
+                    times.setdefault((side, budget, monitored), []).append((elapsed, n_iter))
+    out = {}
+    for side in sides:
+        best = {k[1:]: min(v) for k, v in times.items() if k[0] == side}
+        lo, hi = budgets
+        n_lo, n_hi = best[lo, False][1], best[hi, False][1]
+        if n_hi == n_lo or best[lo, True][1] != n_lo or best[hi, True][1] != n_hi:
+            out[side] = {"error": f"iterations run {n_lo} and {n_hi}: no slope"}
+            continue
+        added_lo = best[lo, True][0] - best[lo, False][0]
+        added_hi = best[hi, True][0] - best[hi, False][0]
+        per_iteration = (added_hi - added_lo) / (n_hi - n_lo)
+        out[side] = {
+            "iterations": [n_lo, n_hi],
+            "added_ms_per_fit": [added_lo, added_hi],
+            "added_ms_per_iteration": per_iteration,
+            "added_ms_once_per_fit": added_lo - per_iteration * n_lo,
+            "times": {
+                f"{b}/{'monitor' if m else 'none'}": [t for t, _ in v]
+                for (s, b, m), v in times.items()
+                if s == side
+            },
+        }
+    ours_slope = out["ours"].get("added_ms_per_iteration")
+    theirs_slope = out["scikit-learn"].get("added_ms_per_iteration")
+    out["ratio"] = ours_slope / theirs_slope if ours_slope and theirs_slope else None
+    return out
+
+
 def _versions() -> dict:
     found = {}
     for name in VERSIONS:
@@ -172,12 +235,15 @@ def _versions() -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--slope-repeats", type=int, default=None)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     args = parser.parse_args(argv)
     sizes = dict(QUICK if args.quick else FULL)
     if args.repeats:
         sizes["repeats"] = args.repeats
+    if args.slope_repeats:
+        sizes["slope_repeats"] = args.slope_repeats
 
     from threadpoolctl import threadpool_limits
 
@@ -194,14 +260,19 @@ def main(argv=None) -> int:
     }
     results = {}
     with threadpool_limits(THREADS):
-        for name, (data, ours, theirs, scoring) in cases(sizes["iterations"]).items():
+        n = sizes["iterations"]
+        for name, (data, ours, theirs, scoring) in cases().items():
             X, y = _data(data)
-            row = {"ours": measure(ours, scoring, X, y, sizes["repeats"])}
+            row = {"ours": measure(functools.partial(ours, n), scoring, X, y, sizes["repeats"])}
             if theirs is not None:
-                row["scikit-learn"] = measure(theirs, scoring, X, y, sizes["repeats"])
+                row["scikit-learn"] = measure(
+                    functools.partial(theirs, n), scoring, X, y, sizes["repeats"]
+                )
                 added = row["ours"]["added_ms"]["scoring_monitor"]
                 reference = row["scikit-learn"].get("added_ms", {}).get("scoring_monitor")
                 row["scoring_monitor_added_ratio"] = added / reference if reference else None
+                budgets, repeats = sizes["slope"], sizes["slope_repeats"]
+                row["per_iteration_slope"] = slope(ours, theirs, scoring, X, y, budgets, repeats)
             results[name] = row
     meta["load_after"] = load_average()
     os.makedirs(args.out, exist_ok=True)
@@ -231,6 +302,25 @@ def main(argv=None) -> int:
                 f"| {name} | ours / scikit-learn, ScoringMonitor's added time | "
                 f"{row['scoring_monitor_added_ratio']:.2f} x | | |"
             )
+    for name, row in results.items():
+        found = row.get("per_iteration_slope")
+        if not found:
+            continue
+        lo, hi = sizes["slope"]
+        print(f"\n{name}, ScoringMonitor's added time, fits of {lo} and {hi} iterations:\n")
+        print("| side | per iteration (slope) | once per fit (intercept) |")
+        print("|---|---|---|")
+        for side in ("ours", "scikit-learn"):
+            m = found[side]
+            if "error" in m:
+                print(f"| {side} | {m['error']} | |")
+                continue
+            print(
+                f"| {side} | {m['added_ms_per_iteration']:.3f} ms "
+                f"| {m['added_ms_once_per_fit']:.3f} ms |"
+            )
+        if found.get("ratio") is not None:
+            print(f"| ours / scikit-learn | {found['ratio']:.2f} x | |")
     print(f"\nwrote {path}")
     return 0
 

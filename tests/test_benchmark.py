@@ -459,3 +459,22 @@ def test_callbacks_every_case_and_column_is_measured(callbacks_run):
             for column, added in row[side]["added_ms"].items():
                 assert added == pytest.approx(per[column] - per["none"])
     assert "scoring_monitor_added_ratio" in cases["logistic_iris"]
+
+
+@pytest.mark.slow
+def test_callbacks_slope_is_the_added_time_between_two_budgets(callbacks_run):
+    found = callbacks_run["cases"]["logistic_iris"]["per_iteration_slope"]
+    lo, hi = callbacks_run["meta"]["slope"]
+    for side in ("ours", "scikit-learn"):
+        m = found[side]
+        assert m["iterations"] == [lo, hi], (side, m)  # both sides run every iteration
+        best = {key: min(values) for key, values in m["times"].items()}
+        added = [best[f"{b}/monitor"] - best[f"{b}/none"] for b in (lo, hi)]
+        assert m["added_ms_per_fit"] == pytest.approx(added)
+        assert m["added_ms_per_iteration"] == pytest.approx((added[1] - added[0]) / (hi - lo))
+        assert m["added_ms_once_per_fit"] == pytest.approx(
+            added[0] - lo * m["added_ms_per_iteration"]
+        )
+    assert found["ratio"] == pytest.approx(
+        found["ours"]["added_ms_per_iteration"] / found["scikit-learn"]["added_ms_per_iteration"]
+    )
