@@ -215,8 +215,22 @@ def fitted_state(estimator, weights, attributes=None, statistics=None) -> dict:
     return changed
 
 
+def _hooks():
+    """The configuration the callbacks' hooks run in: scikit-learn's own iterative
+    estimators (``LogisticRegression``) run theirs inside a fit decorated with
+    ``_fit_context(prefer_skip_nested_validation=True)``, where the functions a hook
+    calls (a scorer and its metric) skip the checks of their parameters. Only the
+    hooks run so: the fit validates the template's steps it fits."""
+    from sklearn import config_context
+
+    return config_context(skip_parameter_validation=True)
+
+
 class FitTask:
     """The root task of one fit and its subtasks, reported to the callbacks.
+
+    The hooks run with scikit-learn's nested parameter validation skipped, as in
+    scikit-learn's own iterative estimators (:func:`_hooks`).
 
     Parameters
     ----------
@@ -236,7 +250,8 @@ class FitTask:
         self.data = {"X": X, "y": y, "metadata": metadata}
         self.validation = validation
         self.root = estimator._init_callback_context(task_name="fit", max_subtasks=max_subtasks)
-        self.root.call_on_fit_task_begin(estimator=estimator, **self.data)
+        with _hooks():
+            self.root.call_on_fit_task_begin(estimator=estimator, **self.data)
         self.leaf = max_subtasks == 0  # partial_fit: its one epoch is the task itself
         self.current = None
 
@@ -268,11 +283,12 @@ class FitTask:
             return
         self.current = self.root.subcontext(task_name=name)
         try:
-            self.current.call_on_fit_task_begin(
-                estimator=self.estimator,
-                **self.data,
-                reconstruction_attributes=self._fitted(weights, attributes),
-            )
+            with _hooks():
+                self.current.call_on_fit_task_begin(
+                    estimator=self.estimator,
+                    **self.data,
+                    reconstruction_attributes=self._fitted(weights, attributes),
+                )
         finally:
             self.estimator.__dict__.pop(_REPLACED, None)
 
@@ -282,11 +298,12 @@ class FitTask:
             return False
         context, self.current = self.current, None
         try:
-            return context.call_on_fit_task_end(
-                estimator=self.estimator,
-                **self.data,
-                reconstruction_attributes=self._fitted(weights, attributes),
-            )
+            with _hooks():
+                return context.call_on_fit_task_end(
+                    estimator=self.estimator,
+                    **self.data,
+                    reconstruction_attributes=self._fitted(weights, attributes),
+                )
         finally:
             self.estimator.__dict__.pop(_REPLACED, None)
 
@@ -295,7 +312,8 @@ class FitTask:
         divergence) as an empty task, so that every begin has its end."""
         if self.current is not None:
             context, self.current = self.current, None
-            context.call_on_fit_task_end(estimator=self.estimator)
+            with _hooks():
+                context.call_on_fit_task_end(estimator=self.estimator)
 
     def expose(self, weights, held_rows, incremental=False):
         """Show the callbacks a :class:`FitState` (``fit_state(estimator)``) until
@@ -328,9 +346,10 @@ class FitTask:
     def finish(self) -> None:
         """End the root task: its ``fitted_estimator`` is the fitted estimator."""
         self.close()
-        self.root.call_on_fit_task_end(
-            estimator=self.estimator, **self.data, reconstruction_attributes={}
-        )
+        with _hooks():
+            self.root.call_on_fit_task_end(
+                estimator=self.estimator, **self.data, reconstruction_attributes={}
+            )
 
 
 def _held_out(data, rows):

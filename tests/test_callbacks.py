@@ -412,6 +412,36 @@ def test_callbacks_through_grid_search_with_two_processes(backend, capsys):
     assert "GridSearchCV - fit" in out and "OrtGradientRegressor - fit" in out
 
 
+class RecordsValidation(QuietCallback):
+    """Records whether scikit-learn's parameter validation is skipped in each hook."""
+
+    def __init__(self):
+        self.skipped = []
+
+    def on_fit_task_begin(self, estimator, context):
+        self.skipped.append(sklearn.get_config()["skip_parameter_validation"])
+
+    def on_fit_task_end(self, estimator, context):
+        self.skipped.append(sklearn.get_config()["skip_parameter_validation"])
+
+
+def test_hooks_skip_nested_validation_as_in_logistic_regression():
+    # scikit-learn's own iterative estimators run their hooks in a fit decorated with
+    # _fit_context(prefer_skip_nested_validation=True): a scorer's checks are skipped
+    X, y = _classification()
+    theirs, ours = RecordsValidation(), RecordsValidation()
+    LogisticRegression(max_iter=3).set_callbacks(theirs).fit(X, y)
+    _logistic("standard", max_iter=3).set_callbacks(ours).fit(X, y)
+    assert theirs.skipped and set(theirs.skipped) == {True}
+    assert len(ours.skipped) >= 8 and set(ours.skipped) == {True}  # root, 3 iterations
+    assert sklearn.get_config()["skip_parameter_validation"] is False  # put back
+    # the fit itself still validates what it fits: a template's unfitted steps
+    template = make_pipeline(StandardScaler(with_mean="yes"), LogisticRegression())
+    est = OrtGradientClassifier(template, max_iter=3).set_callbacks(RecordsValidation())
+    with pytest.raises(sklearn.utils._param_validation.InvalidParameterError, match="with_mean"):
+        est.fit(X, y)
+
+
 def test_partial_fit_is_one_task_without_subtasks():
     X, y = _regression()
     monitor = ScoringMonitor(scoring="r2")
