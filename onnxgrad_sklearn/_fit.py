@@ -696,8 +696,9 @@ class _LbfgsRun:
 
         fit, optimizer = self.fit, self.fit.optimizer
         with warnings.catch_warnings():
-            # scipy warns about a float32 gradient's rounding in the line search
-            warnings.simplefilter("ignore", RuntimeWarning)
+            # scipy's own warnings about a float32 objective's rounding in the line
+            # search; not those of the callbacks' hooks, which run from its callback
+            warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"scipy\.")
             return scipy.optimize.minimize(
                 objective,
                 self.x,

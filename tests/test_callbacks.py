@@ -442,6 +442,26 @@ def test_hooks_skip_nested_validation_as_in_logistic_regression():
         est.fit(X, y)
 
 
+class WarnsAtIteration(QuietCallback):
+    """Warns (RuntimeWarning) at the end of every subtask."""
+
+    def on_fit_task_end(self, estimator, context):
+        if context.parent is not None:
+            warnings.warn("from a callback", RuntimeWarning, stacklevel=1)
+
+
+def test_a_callbacks_warnings_reach_the_user_during_lbfgs():
+    # the L-BFGS fit silences scipy's own RuntimeWarnings, not its callbacks'
+    X, y = _classification()
+    est = _logistic("standard", max_iter=3).set_callbacks(WarnsAtIteration())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        est.fit(X, y)
+    ours = [w for w in caught if str(w.message) == "from a callback"]
+    # every iteration's task, and the one begun after the last (ended as an empty task)
+    assert est.n_iter_ == 3 and len(ours) == 4
+
+
 def test_partial_fit_is_one_task_without_subtasks():
     X, y = _regression()
     monitor = ScoringMonitor(scoring="r2")
