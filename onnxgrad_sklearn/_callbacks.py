@@ -23,7 +23,7 @@ import copy
 
 import numpy as np
 
-from ._fit import NO_TASK
+from ._fit import NO_TASK, nested_validation_skipped
 from ._model import fed_sessions, store_weights
 
 try:  # scikit-learn >= 1.9
@@ -215,22 +215,12 @@ def fitted_state(estimator, weights, attributes=None, statistics=None) -> dict:
     return changed
 
 
-def _hooks():
-    """The configuration the callbacks' hooks run in: scikit-learn's own iterative
-    estimators (``LogisticRegression``) run theirs inside a fit decorated with
-    ``_fit_context(prefer_skip_nested_validation=True)``, where the functions a hook
-    calls (a scorer and its metric) skip the checks of their parameters. Only the
-    hooks run so: the fit validates the template's steps it fits."""
-    from sklearn import config_context
-
-    return config_context(skip_parameter_validation=True)
-
-
 class FitTask:
     """The root task of one fit and its subtasks, reported to the callbacks.
 
     The hooks run with scikit-learn's nested parameter validation skipped, as in
-    scikit-learn's own iterative estimators (:func:`_hooks`).
+    scikit-learn's own estimators (``_fit._as_scikit_learn_fits``; here for the root
+    task's, outside the loops).
 
     Parameters
     ----------
@@ -250,7 +240,7 @@ class FitTask:
         self.data = {"X": X, "y": y, "metadata": metadata}
         self.validation = validation
         self.root = estimator._init_callback_context(task_name="fit", max_subtasks=max_subtasks)
-        with _hooks():
+        with nested_validation_skipped():
             self.root.call_on_fit_task_begin(estimator=estimator, **self.data)
         self.leaf = max_subtasks == 0  # partial_fit: its one epoch is the task itself
         self.current = None
@@ -283,7 +273,7 @@ class FitTask:
             return
         self.current = self.root.subcontext(task_name=name)
         try:
-            with _hooks():
+            with nested_validation_skipped():
                 self.current.call_on_fit_task_begin(
                     estimator=self.estimator,
                     **self.data,
@@ -298,7 +288,7 @@ class FitTask:
             return False
         context, self.current = self.current, None
         try:
-            with _hooks():
+            with nested_validation_skipped():
                 return context.call_on_fit_task_end(
                     estimator=self.estimator,
                     **self.data,
@@ -312,7 +302,7 @@ class FitTask:
         divergence) as an empty task, so that every begin has its end."""
         if self.current is not None:
             context, self.current = self.current, None
-            with _hooks():
+            with nested_validation_skipped():
                 context.call_on_fit_task_end(estimator=self.estimator)
 
     def expose(self, weights, held_rows, incremental=False):
@@ -346,7 +336,7 @@ class FitTask:
     def finish(self) -> None:
         """End the root task: its ``fitted_estimator`` is the fitted estimator."""
         self.close()
-        with _hooks():
+        with nested_validation_skipped():
             self.root.call_on_fit_task_end(
                 estimator=self.estimator, **self.data, reconstruction_attributes={}
             )

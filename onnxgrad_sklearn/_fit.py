@@ -15,11 +15,20 @@ estimator reads the results from :meth:`Fit.progress`.
 scikit-learn's callbacks are given the estimator: before each of their hooks the
 callbacks' task shows them the fit's progress on it (``FitTask.show``), as the
 attributes ``fit`` will leave.
+
+The loops run as scikit-learn's own fits do (``_fit_context(
+prefer_skip_nested_validation=True)``, MLPRegressor's and LogisticRegression's): the
+scikit-learn functions they call (the validation split, the validation score) and
+those the callbacks' hooks call (a scorer) skip the checks of their parameters
+(:func:`nested_validation_skipped`). What the estimator fits of the template (its
+unfitted steps) is fitted before, with its parameters checked.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 import logging
 import warnings
 
@@ -62,6 +71,28 @@ SETTINGS = (
 )
 
 _UNSET = object()
+
+
+def nested_validation_skipped():
+    """A context where scikit-learn's functions skip the checks of their parameters, as
+    in the fit of scikit-learn's own estimators (``_fit_context(
+    prefer_skip_nested_validation=True)``); nothing to do where they already skip."""
+    from sklearn import config_context, get_config
+
+    if get_config()["skip_parameter_validation"]:
+        return contextlib.nullcontext()
+    return config_context(skip_parameter_validation=True)
+
+
+def _as_scikit_learn_fits(loop):
+    """Run the training loop ``loop`` in :func:`nested_validation_skipped`."""
+
+    @functools.wraps(loop)
+    def run(self):
+        with nested_validation_skipped():
+            return loop(self)
+
+    return run
 
 
 class _NoTask:
@@ -193,6 +224,7 @@ class Fit:
         return batch_rows(self.batch_size, n_samples)
 
     # epochs -----------------------------------------------------------------
+    @_as_scikit_learn_fits
     def run_epochs(self):
         """Train epoch by epoch until ``max_iter``, a stop or a divergence.
 
@@ -458,6 +490,7 @@ class Fit:
             bar.write(line)
 
     # L-BFGS -----------------------------------------------------------------
+    @_as_scikit_learn_fits
     def run_lbfgs(self):
         """Minimise the loss of the whole training set with scipy's L-BFGS-B.
 

@@ -425,15 +425,17 @@ class RecordsValidation(QuietCallback):
         self.skipped.append(sklearn.get_config()["skip_parameter_validation"])
 
 
-def test_hooks_skip_nested_validation_as_in_logistic_regression():
-    # scikit-learn's own iterative estimators run their hooks in a fit decorated with
-    # _fit_context(prefer_skip_nested_validation=True): a scorer's checks are skipped
+def test_loops_and_hooks_skip_nested_validation_as_scikit_learns_fits():
+    # scikit-learn's own estimators fit under _fit_context(prefer_skip_nested_validation=
+    # True): the hooks' scorers, a validation score, skip the checks of their parameters
     X, y = _classification()
-    theirs, ours = RecordsValidation(), RecordsValidation()
+    theirs, ours, epochs = RecordsValidation(), RecordsValidation(), RecordsValidation()
     LogisticRegression(max_iter=3).set_callbacks(theirs).fit(X, y)
     _logistic("standard", max_iter=3).set_callbacks(ours).fit(X, y)
+    _mlp("standard", early_stopping=True).set_callbacks(epochs).fit(*_regression())
     assert theirs.skipped and set(theirs.skipped) == {True}
     assert len(ours.skipped) >= 8 and set(ours.skipped) == {True}  # root, 3 iterations
+    assert len(epochs.skipped) >= 8 and set(epochs.skipped) == {True}
     assert sklearn.get_config()["skip_parameter_validation"] is False  # put back
     # the fit itself still validates what it fits: a template's unfitted steps
     template = make_pipeline(StandardScaler(with_mean="yes"), LogisticRegression())
