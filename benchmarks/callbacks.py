@@ -130,9 +130,8 @@ def cases() -> dict:
     }
 
 
-def _per_iteration(make, callbacks, X, y) -> float:
-    """Milliseconds per epoch or L-BFGS iteration of one fit of ``make()``."""
-    est = make()
+def _timed_fit(est, callbacks, X, y) -> tuple[float, int]:
+    """Milliseconds of ``est.fit(X, y)`` with ``callbacks``, and its iterations."""
     if callbacks:
         est.set_callbacks(*callbacks)
     with warnings.catch_warnings():
@@ -142,7 +141,13 @@ def _per_iteration(make, callbacks, X, y) -> float:
         elapsed = time.perf_counter() - start
     n_iter = est.n_iter_
     n_iter = int(max(n_iter)) if hasattr(n_iter, "__len__") else int(n_iter)
-    return 1000 * elapsed / max(n_iter, 1)
+    return 1000 * elapsed, n_iter
+
+
+def _per_iteration(make, callbacks, X, y) -> float:
+    """Milliseconds per epoch or L-BFGS iteration of one fit of ``make()``."""
+    elapsed, n_iter = _timed_fit(make(), callbacks, X, y)
+    return elapsed / max(n_iter, 1)
 
 
 def measure(make, scoring, X, y, repeats) -> dict:
@@ -183,17 +188,8 @@ def slope(ours, theirs, scoring, X, y, budgets, repeats) -> dict:
             for budget in budgets:
                 for monitored in (False, True):
                     callbacks = [ScoringMonitor(scoring=scoring)] if monitored else []
-                    est = make(budget)
-                    if callbacks:
-                        est.set_callbacks(*callbacks)
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore")
-                        start = time.perf_counter()
-                        est.fit(X, y)
-                        elapsed = 1000 * (time.perf_counter() - start)
-                    n_iter = est.n_iter_
-                    n_iter = int(max(n_iter)) if hasattr(n_iter, "__len__") else int(n_iter)
-                    times.setdefault((side, budget, monitored), []).append((elapsed, n_iter))
+                    found = _timed_fit(make(budget), callbacks, X, y)
+                    times.setdefault((side, budget, monitored), []).append(found)
     out = {}
     for side in sides:
         best = {k[1:]: min(v) for k, v in times.items() if k[0] == side}
