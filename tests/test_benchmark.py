@@ -94,6 +94,10 @@ def test_floor_column_in_json(doc):
             cell = entry["frameworks"][fw]
             assert ratio == pytest.approx(cell["s_per_epoch"] / floor["s_per_epoch"]), (name, fw)
             assert _positive_finite(entry["ratios"][f"{fw}_over_floor_best"]), (name, fw)
+            if fw in ("agent", "standard"):  # the epochs alone, as the floor is timed
+                in_loop = entry["ratios"][f"{fw}_in_loop_over_floor"]
+                expected = cell["epoch_in_loop_s"] / floor["median"]
+                assert in_loop == pytest.approx(expected), (name, fw)
         assert _positive_finite(
             entry["ratios"]["standard_over_torch" if HAVE_TORCH else "sklearn_over_standard"]
         )
@@ -113,6 +117,9 @@ def test_floor_column_in_report(quick_run, doc):
     assert f"| {standard:.3f} ({ratio:.2f}x) |" in row
     assert re.search(r"\| \d+\.\d{3} \((1|2); \d+\.\d{2}x\) \|", proc.stdout)  # best
     assert "not a framework, a floor" in proc.stdout
+    alone = doc["workloads"]["mlp_reg_b256"]["ratios"]
+    cells = [f"{alone[f'{fw}_in_loop_over_floor']:.2f}" for fw in ("agent", "standard")]
+    assert f"| `mlp_reg_b256` | {cells[0]} | {cells[1]} |" in proc.stdout
 
 
 @pytest.mark.slow
