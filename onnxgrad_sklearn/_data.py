@@ -43,6 +43,15 @@ class MemoryRows:
         self.shape = X.shape
         self.dtype = X.dtype
         self.batch_size = "auto"  # the fit's parameter (start_epochs)
+        self._unit_weights = None  # whether every weight is 1 (worked out once)
+
+    @property
+    def unit_weights(self) -> bool:
+        """Whether every sample weight is 1 (none was given): the batches then need not
+        gather them, nor check that theirs sum to more than 0."""
+        if self._unit_weights is None:
+            self._unit_weights = bool(np.all(self.sample_weight == 1))
+        return self._unit_weights
 
     @property
     def arrays(self):
@@ -55,7 +64,8 @@ class MemoryRows:
 
     def batches(self, order):
         """The batches of an epoch in ``order`` (:class:`MemoryBatches`)."""
-        return MemoryBatches(self.arrays, order, batch_rows(self.batch_size, self.shape[0]))
+        size = batch_rows(self.batch_size, self.shape[0])
+        return MemoryBatches(self.arrays, order, size, unit_weights=self.unit_weights)
 
     def split(self, fit, fraction, labels):
         """Early stopping's split (scikit-learn's ``train_test_split`` with the fit's
@@ -129,18 +139,22 @@ class MemoryBatches:
     ``order`` is the epoch's permutation of the rows (None: consecutive slices, zero
     copy). Shuffled batches are gathered into buffers of one batch, reused: the data
     is never copied whole. A sparse X always goes through them, each batch densified
-    on its own.
+    on its own. With ``unit_weights`` (every sample weight 1), the weights' buffer holds
+    ones once, instead of a gather and a sum per batch.
     """
 
-    def __init__(self, arrays, order, batch_size):
+    def __init__(self, arrays, order, batch_size, unit_weights=False):
         self.arrays = arrays
         if order is None and sp.issparse(arrays[0]):
             order = np.arange(arrays[0].shape[0])
         self.order = order
+        self.unit_weights = unit_weights
         self.buffers = None
         self._views: dict = {}  # rows -> the buffers' views of that many rows
         if order is not None:
             self.buffers = [np.empty((batch_size,) + a.shape[1:], dtype=a.dtype) for a in arrays]
+            if unit_weights:
+                self.buffers[2].fill(1)
 
     def _feed(self, batch):
         if self.order is None:
@@ -150,13 +164,15 @@ class MemoryBatches:
         views = self._views.get(len(rows))
         if views is None:
             views = self._views[len(rows)] = [b[: len(rows)] for b in self.buffers]
+        if self.unit_weights:  # ones already
+            return [*(take_rows(a, rows, out=v) for a, v in zip(self.arrays[:2], views)), views[2]]
         return [take_rows(a, rows, out=v) for a, v in zip(self.arrays, views)]
 
     def train(self, engine, batch, learning_rate):
         """One step on the rows ``batch`` (a slice of the epoch's order): its loss and
         rows, or ``(None, 0)`` when their weights sum to zero (no step)."""
         feed = self._feed(batch)
-        if not feed[2].sum():
+        if not self.unit_weights and not feed[2].sum():
             return None, 0
         return engine.train_batch(*feed, learning_rate), batch.stop - batch.start
 

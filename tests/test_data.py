@@ -81,6 +81,51 @@ def test_a_batch_whose_weights_sum_to_zero_makes_no_step():
     assert engine.batches == []
 
 
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+def test_unit_weights_are_not_gathered_and_the_batches_are_the_same(sparse):
+    # every weight 1 (no sample_weight given): the weights' buffer holds ones once,
+    # the same array object from batch to batch (bound once by the engine)
+    X, y, _ = _rows(sparse=sparse)
+    ones = np.ones(23, dtype=np.float32)
+    rows = MemoryRows(X, y, ones)
+    assert rows.unit_weights and not MemoryRows(X, y, _rows()[2]).unit_weights
+    rows.start_epochs(_Fit(batch_size=7), None, None)
+    order = shuffled(np.arange(23), np.random.RandomState(3))
+    feed, engine = rows.batches(order), _Recorder()
+    seen = []
+    for batch in slices(23, 7):
+        seen.append(feed._feed(batch)[2])
+        assert feed.train(engine, batch, 0.1)[1] == batch.stop - batch.start
+    assert seen[0] is seen[1] is seen[2] and len(seen[3]) == 2
+    dense = X.toarray() if sparse else X
+    np.testing.assert_array_equal(np.concatenate([b[0] for b in engine.batches]), dense[order])
+    np.testing.assert_array_equal(np.concatenate([b[1] for b in engine.batches]), y[order])
+    np.testing.assert_array_equal(np.concatenate([b[2] for b in engine.batches]), ones)
+
+
+@pytest.mark.parametrize("backend", ["standard", "agent"])
+def test_a_fit_without_weights_is_the_fit_with_equal_weights(backend):
+    # equal weights of 2 go through the gathered weights, none through the ones kept:
+    # the weighted mean loss is the same, bit for bit (a scaling by a power of two;
+    # no penalty: its weight depends on the sum of the sample weights)
+    if backend == "agent":
+        pytest.importorskip("onnxruntime.training", reason="no TrainingAgent")
+    X, y, _ = _rows(n=90)
+    fits = []
+    for sw in (None, np.full(90, 2.0)):
+        est = OrtGradientRegressor(
+            MLPRegressor(hidden_layer_sizes=(8,), alpha=0.0),
+            max_iter=3,
+            batch_size=16,
+            random_state=0,
+            backend=backend,
+        )
+        fits.append(est.fit(X, y.ravel(), sample_weight=sw))
+    for a, b in zip(fits[0].estimator_.coefs_, fits[1].estimator_.coefs_):
+        np.testing.assert_array_equal(a, b)
+    assert fits[0].loss_curve_ == fits[1].loss_curve_
+
+
 def test_auto_batch_size_is_mlpregressors_rule():
     X, y, sw = _rows(n=450)
     rows = MemoryRows(X, y, sw)
