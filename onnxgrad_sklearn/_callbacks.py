@@ -144,6 +144,11 @@ def fit_state(estimator):
 #: after the callbacks' call.
 _REPLACED = "_onnxgrad_replaced"
 
+#: Set on an estimator by :func:`shallow_state` when its copy shares the random state
+#: the fit shows: the fit then draws from a copy of its own
+#: (:meth:`FitTask.random_state_shared`), which leaves the copy's as it was.
+_RNG_SHARED = "_onnxgrad_rng_shared"
+
 
 def shallow_state(estimator, optimizer_state=True) -> dict:
     """The ``__dict__`` of a shallow copy of ``estimator`` that can train on its own.
@@ -165,6 +170,9 @@ def shallow_state(estimator, optimizer_state=True) -> dict:
     state = dict(estimator.__dict__)
     for name in _CONTEXT_ATTRIBUTES:
         state.pop(name, None)
+    state.pop(_RNG_SHARED, None)
+    if isinstance(state.get("_random_state"), np.random.RandomState):
+        estimator.__dict__[_RNG_SHARED] = True  # shared: a fit under way draws from a copy
     engine = state.pop("_engine", None)
     if engine is not None and optimizer_state:
         state["_optimizer_state"] = engine.get_state()
@@ -329,9 +337,17 @@ class FitTask:
                 return saved
         return None
 
+    def random_state_shared(self) -> bool:
+        """Whether a copy of the estimator (a ``fitted_estimator``) has shared the random
+        state the fit shows since the last call: the fit then draws from a copy of its
+        own (100-200 us), so that the copy keeps the state it was given. Callbacks that
+        take no copy cost no copy."""
+        return bool(self.estimator.__dict__.pop(_RNG_SHARED, False))
+
     def conceal(self) -> None:
         """Take the :class:`FitState` away: the fit is over."""
         self.estimator.__dict__.pop("_callback_fit_state", None)
+        self.estimator.__dict__.pop(_RNG_SHARED, None)
 
     def finish(self) -> None:
         """End the root task: its ``fitted_estimator`` is the fitted estimator."""
@@ -340,6 +356,7 @@ class FitTask:
             self.root.call_on_fit_task_end(
                 estimator=self.estimator, **self.data, reconstruction_attributes={}
             )
+        self.estimator.__dict__.pop(_RNG_SHARED, None)  # the fit is over: nothing draws
 
 
 def _held_out(data, rows):

@@ -119,6 +119,9 @@ class _NoTask:
     def resume(self):
         return None
 
+    def random_state_shared(self) -> bool:
+        return False
+
     def conceal(self) -> None:
         pass
 
@@ -357,10 +360,10 @@ class Fit:
     def _rng(self) -> np.random.RandomState:
         """The fit's random state, to draw from or set. The callbacks may hold the one
         they were shown (a ``fitted_estimator`` shares it: ``_callbacks.shallow_state``):
-        with callbacks, the fit then draws from a copy of its own, which leaves theirs
-        as it was shown (with a ``RandomState`` copy of 100-200 us an epoch, not at
-        every copy of the estimator)."""
-        if self.task is not NO_TASK:
+        the fit then draws from a copy of its own, which leaves theirs as it was shown
+        (a ``RandomState`` copy, 100-200 us, once an epoch where a copy was taken; none
+        for callbacks that take no copy)."""
+        if self.task.random_state_shared():
             self._random_state = _own(self._random_state)
         return self._random_state
 
