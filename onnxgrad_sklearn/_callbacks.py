@@ -227,8 +227,8 @@ class FitTask:
     """The root task of one fit and its subtasks, reported to the callbacks.
 
     The hooks run with scikit-learn's nested parameter validation skipped, as in
-    scikit-learn's own estimators (``_fit._as_scikit_learn_fits``; here for the root
-    task's, outside the loops).
+    scikit-learn's own estimators: the subtasks' inside the loops
+    (``_fit._as_scikit_learn_fits``), the root task's here.
 
     Parameters
     ----------
@@ -281,12 +281,11 @@ class FitTask:
             return
         self.current = self.root.subcontext(task_name=name)
         try:
-            with nested_validation_skipped():
-                self.current.call_on_fit_task_begin(
-                    estimator=self.estimator,
-                    **self.data,
-                    reconstruction_attributes=self._fitted(weights, attributes),
-                )
+            self.current.call_on_fit_task_begin(
+                estimator=self.estimator,
+                **self.data,
+                reconstruction_attributes=self._fitted(weights, attributes),
+            )
         finally:
             self.estimator.__dict__.pop(_REPLACED, None)
 
@@ -296,12 +295,11 @@ class FitTask:
             return False
         context, self.current = self.current, None
         try:
-            with nested_validation_skipped():
-                return context.call_on_fit_task_end(
-                    estimator=self.estimator,
-                    **self.data,
-                    reconstruction_attributes=self._fitted(weights, attributes),
-                )
+            return context.call_on_fit_task_end(
+                estimator=self.estimator,
+                **self.data,
+                reconstruction_attributes=self._fitted(weights, attributes),
+            )
         finally:
             self.estimator.__dict__.pop(_REPLACED, None)
 
@@ -310,8 +308,7 @@ class FitTask:
         divergence) as an empty task, so that every begin has its end."""
         if self.current is not None:
             context, self.current = self.current, None
-            with nested_validation_skipped():
-                context.call_on_fit_task_end(estimator=self.estimator)
+            context.call_on_fit_task_end(estimator=self.estimator)
 
     def expose(self, weights, held_rows, incremental=False):
         """Show the callbacks a :class:`FitState` (``fit_state(estimator)``) until
@@ -351,8 +348,8 @@ class FitTask:
 
     def finish(self) -> None:
         """End the root task: its ``fitted_estimator`` is the fitted estimator."""
-        self.close()
-        with nested_validation_skipped():
+        with nested_validation_skipped():  # after the loops, as inside them
+            self.close()
             self.root.call_on_fit_task_end(
                 estimator=self.estimator, **self.data, reconstruction_attributes={}
             )
