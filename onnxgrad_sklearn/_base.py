@@ -21,6 +21,7 @@ from ._callbacks import (
     fit_task,
     holds_out_validation,
     shallow_state,
+    take_fitted_copy,
 )
 from ._data import (
     MemoryRows,
@@ -226,8 +227,11 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
         # A shallow copy, as copy.copy of the pickled state would be, without
         # serialising the ONNX models or making sessions again: scikit-learn's
         # callbacks copy the estimator at each epoch (their ``fitted_estimator``).
-        new = object.__new__(type(self))
-        new.__dict__.update(shallow_state(self))
+        # A task's fitted_estimator: the copy its reconstruction made just before.
+        new = take_fitted_copy(self)
+        if new is None:
+            new = object.__new__(type(self))
+            new.__dict__.update(shallow_state(self))
         return new
 
     def __setstate__(self, state):

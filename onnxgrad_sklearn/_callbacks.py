@@ -46,7 +46,9 @@ __all__ = [
     "fit_state",
     "fit_task",
     "holds_out_validation",
+    "fitted_copy",
     "shallow_state",
+    "take_fitted_copy",
     "uses_validation_data",
     "with_callbacks",
 ]
@@ -139,10 +141,11 @@ def fit_state(estimator):
 
 
 #: Set on an estimator by a task's reconstruction (:meth:`FitTask._fitted`): the
-#: attributes the copy scikit-learn makes next (``copy.copy``) is given at once, which
-#: :func:`shallow_state` then does not copy first. Taken by that copy, or by the task
-#: after the callbacks' call.
-_REPLACED = "_onnxgrad_replaced"
+#: ``fitted_estimator`` already made (:func:`fitted_copy`), which the copy scikit-learn
+#: makes next (``copy.copy``, then the reconstruction's attributes set) returns as it
+#: is (:func:`take_fitted_copy`). Taken by that copy, or by the task after the
+#: callbacks' call.
+_FITTED_COPY = "_onnxgrad_fitted_copy"
 
 #: Set on an estimator by :func:`shallow_state` when its copy shares the random state
 #: the fit shows: the fit then draws from a copy of its own
@@ -150,7 +153,7 @@ _REPLACED = "_onnxgrad_replaced"
 _RNG_SHARED = "_onnxgrad_rng_shared"
 
 
-def shallow_state(estimator, optimizer_state=True) -> dict:
+def shallow_state(estimator, optimizer_state=True, own=()) -> dict:
     """The ``__dict__`` of a shallow copy of ``estimator`` that can train on its own.
 
     What pickling keeps, without serialising the ONNX models or making sessions
@@ -161,16 +164,15 @@ def shallow_state(estimator, optimizer_state=True) -> dict:
     arrays are shared, never written into). The ONNX models and the predict
     sessions are shared: a fit replaces them. So is the random state: a fit draws
     from a copy of its own (``Fit._rng``), never from one an estimator holds.
-    The copy of a callback's ``fitted_estimator`` (scikit-learn: ``copy.copy``, then
-    the reconstruction's attributes set) does not copy what those replace.
+    ``own``: the names of the attributes the caller replaces (not copied here).
     """
     from .templates import _copy_sharing_arrays
 
-    replaced = estimator.__dict__.pop(_REPLACED, ())
     state = dict(estimator.__dict__)
     for name in _CONTEXT_ATTRIBUTES:
         state.pop(name, None)
     state.pop(_RNG_SHARED, None)
+    state.pop(_FITTED_COPY, None)
     if isinstance(state.get("_random_state"), np.random.RandomState):
         estimator.__dict__[_RNG_SHARED] = True  # shared: a fit under way draws from a copy
     engine = state.pop("_engine", None)
@@ -179,48 +181,56 @@ def shallow_state(estimator, optimizer_state=True) -> dict:
     for name in _LISTS:
         if isinstance(state.get(name), list):
             state[name] = list(state[name])
-    if "_converted" in state and "_converted" not in replaced:
+    if "_converted" in state and "_converted" not in own:
         state["_converted"] = state["_converted"].copy()
-    if "estimator_" in state and "estimator_" not in replaced:
+    if "estimator_" in state and "estimator_" not in own:
         state["estimator_"] = _copy_sharing_arrays(state["estimator_"])
     if "_schedule" in state:  # a few floats
         state["_schedule"] = copy.copy(state["_schedule"])
     return state
 
 
-def fitted_state(estimator, weights, attributes=None, statistics=None) -> dict:
-    """The attributes that make a copy of ``estimator`` predict with ``weights``.
+def fitted_copy(estimator, weights, attributes=None, statistics=None):
+    """A copy of ``estimator`` that predicts with ``weights``, and its attributes that
+    differ from the estimator's: ``(copy, attributes)``.
 
-    scikit-learn's ``fitted_estimator`` is ``copy.copy(estimator)`` given these
-    attributes: the fitted state as ``fit`` would have left it had it stopped
-    here (the ONNX model, ``estimator_`` with ``weights`` written in, the counters
-    and curves so far, overridden by ``attributes``), without callbacks. The copy
-    makes its predict sessions when it first predicts. ``statistics``: the running
-    statistics of BatchNormalization trained in training mode, by name.
+    The copy is what :func:`shallow_state` gives (it can train on its own), in the
+    fitted state ``fit`` would have left had it stopped here: the ONNX model,
+    ``estimator_`` with ``weights`` written in, the counters and curves so far,
+    overridden by ``attributes``; no callbacks. It makes its predict sessions when it
+    first predicts. ``statistics``: the running statistics of BatchNormalization
+    trained in training mode, by name.
+
+    scikit-learn's ``fitted_estimator`` is ``copy.copy(estimator)`` given the
+    attributes: the copy, when the estimator holds it (:data:`_FITTED_COPY`).
     """
     from .templates import copy_for_weights
 
-    probe = object.__new__(type(estimator))
-    probe.__dict__.update(estimator.__dict__)  # store_weights replaces what it changes
-    probe.__dict__.pop(_REPLACED, None)
-    probe.__dict__.update(attributes or {})
-    probe._converted = estimator._converted.copy()
-    probe.estimator_ = copy_for_weights(estimator.estimator_)
+    new = object.__new__(type(estimator))
+    state = new.__dict__
+    state.update(shallow_state(estimator, own=("_converted", "estimator_")))
+    state.update(attributes or {})
+    state["_converted"] = estimator._converted.copy()
+    state["estimator_"] = copy_for_weights(estimator.estimator_)
     # no session is made here: the copy predicts through the process's session of its
     # graph, fed its weights (FedSession, made once); else its own, made when it first
     # predicts. A callback that does not predict (one that saves the copy) pays for none.
-    store_weights(probe, weights, sessions=False, statistics=statistics)
-    probe.__dict__.update(fed_sessions(probe))  # the process's sessions, fed these weights
-    located = probe.__dict__.get("_export_converted")
+    store_weights(new, weights, sessions=False, statistics=statistics)
+    state.update(fed_sessions(new))  # the process's sessions, fed these weights
+    located = state.get("_export_converted")
     if located is not None:  # converted for the export once per fit, not once per epoch
         estimator.__dict__.setdefault("_export_converted", located)
-    # what differs from the estimator: the rest, copy.copy (shallow_state) gives
-    state = estimator.__dict__
-    changed = {k: v for k, v in probe.__dict__.items() if state.get(k, _MISSING) is not v}
-    # A snapshot has no callbacks: pickled, it would take them along, and with them
-    # every snapshot a callback keeps.
-    changed["_skl_callbacks"] = []
-    return changed
+    # A copy has no callbacks: pickled, it would take them along, and with them every
+    # copy a callback keeps.
+    state["_skl_callbacks"] = []
+    given = estimator.__dict__
+    return new, {k: v for k, v in state.items() if given.get(k, _MISSING) is not v}
+
+
+def take_fitted_copy(estimator):
+    """The copy :meth:`FitTask._fitted` made for the ``copy.copy`` that follows it
+    (None: none), taken off the estimator."""
+    return estimator.__dict__.pop(_FITTED_COPY, None)
 
 
 class FitTask:
@@ -265,12 +275,12 @@ class FitTask:
         def reconstruct():
             found = weights()  # the weights, or (the weights, the running statistics)
             if isinstance(found, tuple):
-                state = fitted_state(self.estimator, found[0], attributes, found[1])
+                new, changed = fitted_copy(self.estimator, found[0], attributes, found[1])
             else:
-                state = fitted_state(self.estimator, found, attributes)
-            # the copy scikit-learn makes next need not copy what it is given here
-            self.estimator.__dict__[_REPLACED] = frozenset(state)
-            return state
+                new, changed = fitted_copy(self.estimator, found, attributes)
+            # the copy scikit-learn makes next (copy.copy) is this one
+            self.estimator.__dict__[_FITTED_COPY] = new
+            return changed
 
         return reconstruct
 
@@ -287,7 +297,7 @@ class FitTask:
                 reconstruction_attributes=self._fitted(weights, attributes),
             )
         finally:
-            self.estimator.__dict__.pop(_REPLACED, None)
+            self.estimator.__dict__.pop(_FITTED_COPY, None)
 
     def end(self, weights, attributes=None) -> bool:
         """End the current subtask; return whether a callback asks the fit to stop."""
@@ -301,7 +311,7 @@ class FitTask:
                 reconstruction_attributes=self._fitted(weights, attributes),
             )
         finally:
-            self.estimator.__dict__.pop(_REPLACED, None)
+            self.estimator.__dict__.pop(_FITTED_COPY, None)
 
     def close(self) -> None:
         """End a subtask begun but never run (after the last L-BFGS iteration, a

@@ -313,6 +313,38 @@ def test_a_fitted_estimators_template_shares_only_arrays_and_random_states():
     assert clone.estimator_ is not reg.estimator_ and clone._converted is not reg._converted
 
 
+def test_a_fitted_estimator_is_the_copy_its_reconstruction_made(monkeypatch):
+    """scikit-learn's fitted_estimator is ``copy.copy(estimator)`` given the
+    reconstruction's attributes. The reconstruction makes that copy and ``copy.copy``
+    returns it: the estimator's state is copied once per task, not twice (the root task's
+    copy, with no reconstruction, is a plain copy)."""
+    from onnxgrad_sklearn import _base, _callbacks
+
+    made = {"task": 0, "plain": 0}
+    real = _callbacks.shallow_state
+
+    def counting(kind):
+        def shallow_state(estimator, *args, **kwargs):
+            made[kind] += 1
+            return real(estimator, *args, **kwargs)
+
+        return shallow_state
+
+    monkeypatch.setattr(_callbacks, "shallow_state", counting("task"))
+    monkeypatch.setattr(_base, "shallow_state", counting("plain"))
+    X, y = _regression()
+    keep = Keep()
+    reg = _mlp("standard", max_iter=3).set_callbacks(keep).fit(X, y)
+    assert made == {"task": 3, "plain": 1}
+    two = _mlp("standard", max_iter=2).fit(X, y)
+    second = keep.fitted[1]
+    assert second.n_iter_ == 2 and second.loss_curve_ == two.loss_curve_
+    assert second.loss_curve_ is not reg.loss_curve_ and second._skl_callbacks == []
+    np.testing.assert_allclose(second.predict(X), two.predict(X), rtol=1e-5, atol=1e-6)
+    assert "_engine" not in vars(second) and second._optimizer_state["step"] > 0
+    assert not any(k.startswith("_onnxgrad") for k in vars(reg))
+
+
 def test_a_pipelines_fitted_estimator_has_a_final_step_of_its_own():
     """In a Pipeline template, a fitted_estimator's final step holds its epoch's
     weights; the steps before it (fitted before the training, not changed by it) are
