@@ -69,6 +69,11 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
     (``sklearn.callback``): see ``_callbacks.py`` and docs/callbacks.md.
     """
 
+    #: Whether predict runs the trained graph (a classifier's logits) rather than the
+    #: exported model (a regressor's, a GLM's with its link): the session made at the end
+    #: of a fit (``_model.make_sessions``); the other is made when first needed.
+    _predicts_from_trained_graph = False
+
     _parameter_constraints: dict = {
         "estimator": [HasMethods(["fit", "predict"]), OnnxTemplate, OnnxModelConstraint(), None],
         "loss": [StrOptions(set()), BaseLoss],

@@ -185,6 +185,9 @@ class OrtGradientClassifier(ClassifierMixin, BaseOrtGradient):
         self.class_weight = class_weight
 
     _task = "classification"
+    #: predict, decision_function and the probabilities come from the trained graph's
+    #: logits: its session is made at the end of the fit (``_model.make_sessions``)
+    _predicts_from_trained_graph = True
     _multilabel = False  # set at fit: an indicator matrix y (MLPClassifier templates)
 
     # hooks of the shared fit ----------------------------------------------

@@ -277,3 +277,30 @@ def test_column_vector_y_is_raveled_with_a_warning():
     flat = OrtGradientClassifier(**params).fit(X, y)
     np.testing.assert_array_equal(col.estimator_.coef_, flat.estimator_.coef_)
     assert col.predict(X).shape == (len(y),)
+
+
+def test_a_fit_makes_the_session_predict_runs_and_the_exported_models_when_needed():
+    """A classifier predicts from its trained graph (the logits): that session is made at
+    the end of the fit. Its exported model (LogisticRegression's own graph, with label
+    and probability outputs) gets a session only when something runs it: modified
+    Huber's probabilities, or a prediction from the exported graph."""
+    from onnxgrad_sklearn import _model
+
+    X, y = _blobs(3)
+    clf = OrtGradientClassifier(LogisticRegression(), max_iter=20).fit(X, y)
+    assert clf._logit_session is not None and clf.__dict__.get("_session") is None
+    labels, proba = clf.predict(X), clf.predict_proba(X)
+    assert clf.__dict__.get("_session") is None  # neither needed it
+    outputs = _model.run_onnx(clf, X)  # the exported graph: its session made now
+    assert clf._session is not None and clf._session is not clf._logit_session
+    exported_labels, exported_proba = outputs.values()
+    np.testing.assert_array_equal(exported_labels, labels)
+    np.testing.assert_allclose(exported_proba, proba, rtol=1e-5, atol=1e-6)
+    # modified Huber's probabilities come from the exported graph's clipped ones
+    huber = OrtGradientClassifier(SGDClassifier(loss="modified_huber"), max_iter=3)
+    huber.fit(X, y)
+    assert huber.__dict__.get("_session") is None
+    proba = huber.predict_proba(X)
+    assert huber._session is not None
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-5)
+    np.testing.assert_array_equal(huber.classes_[proba.argmax(axis=1)], huber.predict(X))

@@ -552,3 +552,23 @@ def test_a_large_models_estimator_and_onnx_hold_no_weights_while_it_trains(
     with pytest.raises(NotFittedError):
         est.predict(X)
     assert "estimator_" not in est.__dict__  # no placeholder weights left
+
+
+def test_a_glms_fit_makes_the_session_of_the_exported_model_it_predicts_with():
+    """A GLM regressor predicts with its exported model (its link applied): that
+    session is made at the end of the fit; the trained graph's (the linear predictor)
+    only when something runs it."""
+    from sklearn.linear_model import PoissonRegressor
+
+    from onnxgrad_sklearn import _model
+
+    X, y = load_diabetes(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    reg = OrtGradientRegressor(PoissonRegressor()).fit(X, y)
+    assert reg._session is not None and reg.__dict__.get("_logit_session") is None
+    predicted = reg.predict(X)
+    np.testing.assert_allclose(predicted, reg.estimator_.predict(X), rtol=1e-4)
+    assert reg.__dict__.get("_logit_session") is None
+    linear = _model.run_onnx(reg, X, trained_graph=True)[reg._converted.output_name]
+    assert reg._logit_session is not None
+    np.testing.assert_allclose(np.exp(linear.ravel()), predicted, rtol=1e-4)
