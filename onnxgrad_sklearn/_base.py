@@ -409,10 +409,9 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
     def _new_fit(self, rows, engine, loss, optimizer, task, incremental, validation) -> Fit:
         """The :class:`~onnxgrad_sklearn._fit.Fit` of this call: the estimator's settings,
         its fitted counters to go on from, the engine and the rows."""
-        params = self.get_params(deep=False)
         penalty = self._penalty
         return Fit(
-            {name: params[name] for name in SETTINGS},
+            {name: getattr(self, name) for name in SETTINGS},  # get_params reads them so
             {name: self.__dict__[name] for name in PROGRESS if name in self.__dict__},
             engine=engine,
             rows=rows,

@@ -54,15 +54,16 @@ def _plain_type(value) -> bool:
 
 def describable(value) -> bool:
     """Whether :func:`canonical` describes ``value`` without an object's identity."""
-    return not _opaque(canonical(value))
+    return not opaque(canonical(value))
 
 
-def _opaque(described) -> bool:
+def opaque(described) -> bool:
+    """Whether a description :func:`canonical` gave holds an object's identity."""
     if not isinstance(described, tuple):
         return False
     if described and described[0] == "opaque":
         return True
-    return any(_opaque(part) for part in described)
+    return any(opaque(part) for part in described)
 
 
 def fingerprint(value, params: bool = False) -> str:

@@ -50,7 +50,7 @@ import warnings
 from collections import OrderedDict
 from pathlib import Path
 
-from ._hashing import canonical, describable, digest, fingerprint
+from ._hashing import canonical, describable, digest, fingerprint, opaque
 
 __all__ = [
     "CACHE_ENV",
@@ -60,6 +60,7 @@ __all__ = [
     "canonical",
     "code_digest",
     "default_cache_dir",
+    "describable",
     "fingerprint",
     "get",
     "make_key",
@@ -168,7 +169,12 @@ def make_key(kind: str, parts) -> str:
         :func:`code_digest` and the versions of the packages that produce
         artifacts (:data:`PRODUCERS`).
     """
-    described = (FORMAT_VERSION, kind, code_digest(), _versions(), canonical(parts))
+    return _key_of(kind, canonical(parts))
+
+
+def _key_of(kind: str, described) -> str:
+    """:func:`make_key` of the parts :func:`canonical` described as ``described``."""
+    described = (FORMAT_VERSION, kind, code_digest(), _versions(), described)
     return f"{kind}-{hashlib.sha256(repr(described).encode()).hexdigest()[:40]}"
 
 
@@ -177,9 +183,10 @@ def stable_key(kind: str, parts) -> str | None:
     them by an object's identity (an object of a type it does not know, or nested too
     deep): such a key would hold in one process only, and could name another structure
     in another process (identities are reused)."""
-    if not describable(parts):
+    described = canonical(parts)  # described once: for the test and for the key
+    if opaque(described):
         return None
-    return make_key(kind, parts)
+    return _key_of(kind, described)
 
 
 # where --------------------------------------------------------------------------

@@ -961,6 +961,16 @@ def supported_names(task: str | None = None) -> list[str]:
     )
 
 
+@functools.lru_cache(maxsize=64)
+def _defaults(cls) -> dict | None:
+    """The parameters of ``cls()`` (read only), once per class; None where it cannot be
+    built."""
+    try:
+        return cls().get_params(deep=False)
+    except Exception:
+        return None
+
+
 def dropped_settings(est, n_samples: int, penalty_carried: bool = False) -> list[str]:
     """Describe each setting of ``est`` that differs from its default and does not carry over.
 
@@ -983,9 +993,8 @@ def dropped_settings(est, n_samples: int, penalty_carried: bool = False) -> list
     family = family_of(est)
     if family is None:
         return []
-    try:
-        defaults = type(est)().get_params(deep=False)
-    except Exception:  # a class whose defaults cannot be built: nothing to compare
+    defaults = _defaults(type(est))
+    if defaults is None:  # a class whose defaults cannot be built: nothing to compare
         return []
     lines = []
     unknown = family.penalty_unknown(est) if penalty_carried else None
