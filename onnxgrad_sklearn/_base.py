@@ -411,7 +411,7 @@ class BaseOrtGradient(CallbackSupportMixin, BaseEstimator):
         its fitted counters to go on from, the engine and the rows."""
         penalty = self._penalty
         return Fit(
-            {name: getattr(self, name) for name in SETTINGS},  # get_params reads them so
+            {name: getattr(self, name) for name in SETTINGS},  # as get_params reads them
             {name: self.__dict__[name] for name in PROGRESS if name in self.__dict__},
             engine=engine,
             rows=rows,

@@ -203,8 +203,8 @@ def make_sessions(est):
     The other one is made when first needed (:func:`trained_session`,
     :func:`export_session`), as a :data:`DEFERRED` exported model's: a classifier's
     exported model (its label and probability outputs) serves only modified Huber's
-    probabilities, and a session costs about 0.5 ms of a fit (a tenth of
-    ``LogisticRegression``'s on iris).
+    probabilities, and its session cost ``LogisticRegression`` on iris a fifth of its
+    fit and score (8.0 -> 6.4 ms).
     """
     # The previous fit's sessions go first: each holds a copy of the weights.
     est._session = est._logit_session = None
