@@ -198,8 +198,12 @@ class Fit:
     ):
         for key in SETTINGS:
             setattr(self, key, settings[key])
-        for key in PROGRESS:
+        for key in PROGRESS[:-1]:
             setattr(self, key, _own(progress.get(key, _UNSET)))
+        # the random state is copied when the fit first draws (_rng): a fit that draws
+        # nothing (L-BFGS) leaves the estimator's as it was without a copy (100-200 us)
+        self._random_state = progress.get("_random_state", _UNSET)
+        self._rng_own = False
         self.engine, self.rows, self.loss, self.optimizer = engine, rows, loss, optimizer
         self.penalty, self.penalized = tuple(penalty), list(penalized)
         self.recipe, self.threads = recipe, threads
@@ -358,13 +362,16 @@ class Fit:
         self._rng().set_state(saved["random_state"])
 
     def _rng(self) -> np.random.RandomState:
-        """The fit's random state, to draw from or set. The callbacks may hold the one
-        they were shown (a ``fitted_estimator`` shares it: ``_callbacks.shallow_state``):
-        the fit then draws from a copy of its own, which leaves theirs as it was shown
-        (a ``RandomState`` copy, 100-200 us, once an epoch where a copy was taken; none
+        """The fit's random state, to draw from or set: a copy of the estimator's, made
+        when the fit first draws. The callbacks may hold the one they were shown (a
+        ``fitted_estimator`` shares it: ``_callbacks.shallow_state``): the fit then
+        draws from a copy of its own, which leaves theirs as it was shown (a
+        ``RandomState`` copy, 100-200 us, once an epoch where a copy was taken; none
         for callbacks that take no copy)."""
-        if self.task.random_state_shared():
+        shared = self.task.random_state_shared()
+        if shared or not self._rng_own:  # the estimator's, or shared with a copy
             self._random_state = _own(self._random_state)
+            self._rng_own = True
         return self._random_state
 
     def _split_validation(self, held_out):

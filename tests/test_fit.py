@@ -125,3 +125,43 @@ def test_a_fit_stopped_by_ctrl_c_leaves_its_completed_progress(optimizer, monkey
             est.fit(X, y)
         assert len(est.loss_curve_) >= 2  # the L-BFGS iterations completed
     assert np.all(np.isfinite(est.predict(X)))
+
+
+def test_the_fit_copies_the_random_state_when_it_first_draws(monkeypatch):
+    """The fit draws from a copy of the estimator's random state, made when it first
+    draws: an L-BFGS fit (it draws nothing) leaves the estimator's as the initial
+    weights left it, without a copy (100-200 us); a stochastic fit copies it once."""
+    from onnxgrad_sklearn import _fit
+
+    made = []
+    real = _fit._own
+
+    def counting(value):
+        if isinstance(value, np.random.RandomState):
+            made.append(value)
+        return real(value)
+
+    monkeypatch.setattr(_fit, "_own", counting)
+    X, y = load_diabetes(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+
+    def fit(optimizer, max_iter):
+        template = MLPRegressor(hidden_layer_sizes=(8,))
+        est = OrtGradientRegressor(
+            template, optimizer=optimizer, max_iter=max_iter, random_state=0, shuffle=True
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            return est.fit(X, y)
+
+    one, five = fit("lbfgs", 1), fit("lbfgs", 5)
+    assert made == []
+    for a, b in zip(one._random_state.get_state(), five._random_state.get_state()):
+        np.testing.assert_array_equal(a, b)  # the state the initial weights left
+    sgd = fit("nesterov", 3)
+    assert len(made) == 1
+    again = fit("nesterov", 3)  # the same shuffles: the same weights and final state
+    np.testing.assert_array_equal(again.predict(X), sgd.predict(X))
+    for a, b in zip(again._random_state.get_state(), sgd._random_state.get_state()):
+        np.testing.assert_array_equal(a, b)
+    assert sgd._random_state.get_state()[2] != one._random_state.get_state()[2]  # it drew
