@@ -54,6 +54,23 @@ def no_artifacts(monkeypatch, kept=True):
         monkeypatch.setattr(artifacts, "MEMORY_ENTRIES", 0)
 
 
+def count_random_state_copies(monkeypatch) -> list:
+    """The ``RandomState`` copies a fit makes of its progress (``_fit._own``), appended
+    to the list returned as they are made."""
+    from onnxgrad_sklearn import _fit
+
+    made = []
+    real = _fit._own
+
+    def counting(value):
+        if isinstance(value, np.random.RandomState):
+            made.append(value)
+        return real(value)
+
+    monkeypatch.setattr(_fit, "_own", counting)
+    return made
+
+
 def smooth_regression(n, seed=0, noise=0.1):
     """A smooth regression target on 4 random features (the callback tests' data)."""
     rng = np.random.RandomState(seed)

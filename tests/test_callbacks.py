@@ -11,7 +11,13 @@ import numpy as np
 import onnxruntime
 import pytest
 import sklearn
-from _helpers import BACKENDS, QuietCallback, small_mlp, smooth_regression
+from _helpers import (
+    BACKENDS,
+    QuietCallback,
+    count_random_state_copies,
+    small_mlp,
+    smooth_regression,
+)
 from sklearn.compose import ColumnTransformer
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
@@ -265,17 +271,7 @@ class CopiesInHook(QuietCallback):
 def test_the_fit_copies_its_random_state_only_after_a_copy_shared_it(monkeypatch):
     """A callback that takes no copy of the estimator costs no copy of the random state
     per epoch (100-200 us); a copy taken in a hook keeps the state it was given."""
-    from onnxgrad_sklearn import _fit
-
-    made = []
-    real = _fit._own
-
-    def counting(value):
-        if isinstance(value, np.random.RandomState):
-            made.append(value)
-        return real(value)
-
-    monkeypatch.setattr(_fit, "_own", counting)
+    made = count_random_state_copies(monkeypatch)
     X, y = _regression()
     alone = _mlp("standard", max_iter=5, shuffle=True).fit(X, y)
     made.clear()

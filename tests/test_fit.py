@@ -9,6 +9,7 @@ import warnings
 
 import numpy as np
 import pytest
+from _helpers import count_random_state_copies
 from sklearn.datasets import load_diabetes
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.neural_network import MLPRegressor
@@ -131,17 +132,7 @@ def test_the_fit_copies_the_random_state_when_it_first_draws(monkeypatch):
     """The fit draws from a copy of the estimator's random state, made when it first
     draws: an L-BFGS fit (it draws nothing) leaves the estimator's as the initial
     weights left it, without a copy (100-200 us); a stochastic fit copies it once."""
-    from onnxgrad_sklearn import _fit
-
-    made = []
-    real = _fit._own
-
-    def counting(value):
-        if isinstance(value, np.random.RandomState):
-            made.append(value)
-        return real(value)
-
-    monkeypatch.setattr(_fit, "_own", counting)
+    made = count_random_state_copies(monkeypatch)
     X, y = load_diabetes(return_X_y=True)
     X = StandardScaler().fit_transform(X)
 
