@@ -198,8 +198,9 @@ class Fit:
     ):
         for key in SETTINGS:
             setattr(self, key, settings[key])
-        for key in PROGRESS[:-1]:
-            setattr(self, key, _own(progress.get(key, _UNSET)))
+        for key in PROGRESS:
+            if key != "_random_state":
+                setattr(self, key, _own(progress.get(key, _UNSET)))
         # the random state is copied when the fit first draws (_rng): a fit that draws
         # nothing (L-BFGS) leaves the estimator's as it was without a copy (100-200 us)
         self._random_state = progress.get("_random_state", _UNSET)

@@ -474,7 +474,7 @@ def copy_for_weights(est):
 def _shallow_copy(est):
     """``copy.copy(est)``: for a class that copies as scikit-learn's estimators do
     (``BaseEstimator``'s ``__getstate__`` and ``__setstate__``, nothing of its own), its
-    ``__dict__`` copied at once (0.8 us where ``copy.copy`` takes 3.5 us)."""
+    ``__dict__`` copied at once (under 1 us where ``copy.copy`` takes 3.5-4.5 us)."""
     cls = type(est)
     plain = _PLAIN_COPY.get(cls)
     if plain is None:
